@@ -1,0 +1,2 @@
+/** @scanfleet/adapters */
+export {}

@@ -1,0 +1,45 @@
+import { Either } from "effect"
+import { ClaimRejected } from "./Errors.js"
+import type { Target } from "./Target.js"
+
+/**
+ * Takes authority over a pending target: `coveredRemoteAt` becomes the newest
+ * observation as it is at this instant, the fence is bumped, the scan start is
+ * stamped. A rejected claim returns the reason and changes nothing.
+ */
+export const claim = (t: Target, expectedFence: number, now: number): Either.Either<Target, ClaimRejected> => {
+  if (t.status !== "pending") return Either.left(new ClaimRejected({ reason: "not_pending", message: `target ${t.id} is ${t.status}` }))
+  if (t.fence !== expectedFence)
+    return Either.left(new ClaimRejected({ reason: "fence", message: `target ${t.id} fence moved to ${t.fence}` }))
+  return Either.right({
+    ...t,
+    status: "in_progress",
+    coveredRemoteAt: t.observedRemoteAt,
+    fence: t.fence + 1,
+    lastScanStartedAt: now,
+    attempts: t.attempts + 1
+  })
+}
+
+/** True when a write made under `fence` still holds authority over the target. */
+export const holds = (t: Target, fence: number): boolean => t.status === "in_progress" && t.fence === fence
+
+/**
+ * Completes a scan. `observedRemoteAt` is kept as it is: an update recorded
+ * during the scan stays newer than the covered snapshot, so exactly one
+ * follow-up becomes eligible once the cooldown has elapsed.
+ */
+export const complete = (t: Target, now: number): Target => ({ ...t, status: "completed", completedAt: now })
+
+/** Ends a scan as failed; the target is not promoted again. */
+export const fail = (t: Target, status: "failed" | "unresolved" = "failed"): Target => ({ ...t, status })
+
+/** Gives a claimed target back to the queue (an authority change: fence bumped). */
+export const release = (t: Target): Target => ({ ...t, status: "pending", fence: t.fence + 1 })
+
+/** Expires a claimed target: back to pending while attempts remain, else failed. */
+export const expire = (t: Target, maxAttempts: number): Target => ({
+  ...t,
+  status: t.attempts < maxAttempts ? "pending" : "failed",
+  fence: t.fence + 1
+})

@@ -1,0 +1,36 @@
+import { Data } from "effect"
+import type { Phase } from "./PhaseModel.js"
+
+/** A claim that could not take authority; nothing changed. */
+export class ClaimRejected extends Data.TaggedError("ClaimRejected")<{
+  readonly reason: "capacity" | "slot_busy" | "source_cap" | "unknown_device" | "fence" | "not_pending"
+  readonly message: string
+}> {}
+
+/** A worker write refused because the reservation is not the caller's live one. */
+export class ReservationRefused extends Data.TaggedError("ReservationRefused")<{
+  readonly reason: "not_found" | "not_owner" | "stale_fence" | "not_active" | "expired" | "upload_deadline_passed"
+  readonly reservationId: number
+  readonly message: string
+}> {}
+
+/** A progress batch refused as a whole; nothing of it was stored. */
+export class ProgressRejected extends Data.TaggedError("ProgressRejected")<{
+  readonly reason: "sequence_gap" | "illegal_transition" | "conflict" | "terminal"
+  readonly seq: number
+  readonly phase?: Phase
+  readonly message: string
+}> {}
+
+/** A storage failure, mapped from the backend's own error inside the adapter. */
+export class StoreError extends Data.TaggedError("StoreError")<{
+  readonly reason: "unavailable" | "constraint" | "corrupt" | "conflict"
+  readonly message: string
+  readonly cause?: unknown
+}> {}
+
+/** A lookup that found nothing. */
+export class NotFound extends Data.TaggedError("NotFound")<{
+  readonly entity: "target" | "assignment" | "device" | "config"
+  readonly key: string
+}> {}

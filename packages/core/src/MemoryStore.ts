@@ -1,0 +1,357 @@
+import { Effect, Either, Layer } from "effect"
+import * as Assignment from "./Assignment.js"
+import * as Claim from "./Claim.js"
+import * as Deadline from "./Deadline.js"
+import { ClaimRejected, NotFound, ProgressRejected, ReservationRefused } from "./Errors.js"
+import * as Percentile from "./Percentile.js"
+import * as PhaseModel from "./PhaseModel.js"
+import * as Promotion from "./Promotion.js"
+import type { Source } from "./Source.js"
+import { Store, type ConfigVersion, type Device, type StoreShape } from "./Store.js"
+import * as Target from "./Target.js"
+import type { Cycle } from "./Discovery.js"
+
+type StoredEvent = PhaseModel.Event & { readonly acceptedAt: number }
+
+const key = (source: Source, identity: string) => `${source}\u0000${identity}`
+
+const sameEvent = (a: PhaseModel.Event, b: PhaseModel.Event) =>
+  a.seq === b.seq && a.kind === b.kind && a.phase === b.phase && a.at === b.at && (a.detail ?? null) === (b.detail ?? null)
+
+/**
+ * The in-memory reference implementation of the storage port. It applies
+ * core's rules directly; the SQL adapters are checked against it by the
+ * conformance suite. Every method runs synchronously, so each is atomic.
+ *
+ * @example
+ * const store = MemoryStore.make()
+ */
+export const make = (): StoreShape => {
+  const targets = new Map<number, Target.Target>()
+  const byKey = new Map<string, number>()
+  const assignments = new Map<number, Assignment.Assignment>()
+  const events = new Map<number, Array<StoredEvent>>()
+  const receipts = new Map<number, Assignment.Receipt>()
+  const results = new Map<number, string>()
+  const cycles: Array<Cycle> = []
+  const durations: Array<Assignment.Duration> = []
+  const configs: Array<ConfigVersion> = []
+  const devices = new Map<number, Device & { tokenHash: string }>()
+  let nextTarget = 1
+  let nextReservation = 1
+  let nextCycle = 1
+  let nextDevice = 1
+
+  const refuse = (reason: ReservationRefused["reason"], reservationId: number, message: string) =>
+    new ReservationRefused({ reason, reservationId, message })
+
+  // Checks ownership and fence of a worker write; returns the assignment.
+  const authorize = (auth: { deviceId: number; reservationId: number; fence: number }) => {
+    const a = assignments.get(auth.reservationId)
+    if (!a) return Either.left(refuse("not_found", auth.reservationId, `reservation ${auth.reservationId} does not exist`))
+    if (a.deviceId !== auth.deviceId) return Either.left(refuse("not_owner", auth.reservationId, `reservation ${auth.reservationId} belongs to another device`))
+    if (a.fence !== auth.fence)
+      return Either.left(refuse("stale_fence", auth.reservationId, `fence ${auth.fence} was superseded by ${a.fence}`))
+    return Either.right(a)
+  }
+
+  const requireLive = (a: Assignment.Assignment, now: number) => {
+    if (a.state !== "active") return Either.left(refuse(a.state === "expired" ? "expired" : "not_active", a.reservationId, `reservation ${a.reservationId} is ${a.state}`))
+    if (now >= a.expiresAt) return Either.left(refuse("expired", a.reservationId, `reservation ${a.reservationId} passed its assignment expiry`))
+    return Either.right(a)
+  }
+
+  const store: StoreShape = {
+    recordObservations: (batch, now) =>
+      Effect.sync(() => {
+        const inserted: Array<string> = []
+        let known = 0
+        for (const o of batch) {
+          const id = byKey.get(key(o.source, o.identity))
+          if (id === undefined) {
+            const t = Target.admit(nextTarget++, o, now)
+            targets.set(t.id, t)
+            byKey.set(key(o.source, o.identity), t.id)
+            inserted.push(o.identity)
+          } else {
+            known++
+            targets.set(id, Target.observe(targets.get(id)!, o))
+          }
+        }
+        return { inserted, known }
+      }),
+
+    promote: (source, rule, now) =>
+      Effect.sync(() => {
+        const candidates = [...targets.values()].filter((t) => t.source === source)
+        const sel = Promotion.select(candidates, rule, now)
+        for (const t of sel.promote) targets.set(t.id, Promotion.promote(t))
+        return { promoted: sel.promote.map((t) => t.identity), deferred: sel.deferred.length }
+      }),
+
+    claim: (req) =>
+      Effect.suspend(() => {
+        const d = devices.get(req.deviceId)
+        if (!d || d.revokedAt !== null)
+          return Effect.fail(new ClaimRejected({ reason: "unknown_device", message: `device ${req.deviceId} is not registered or was revoked` }))
+        if (!Number.isInteger(req.slot) || req.slot < 0 || req.slot >= d.slots)
+          return Effect.fail(new ClaimRejected({ reason: "capacity", message: `slot ${req.slot} is outside the device's ${d.slots} slots` }))
+        const active = [...assignments.values()].filter((a) => a.state === "active")
+        const mine = active.filter((a) => a.deviceId === req.deviceId)
+        if (mine.some((a) => a.slot === req.slot))
+          return Effect.fail(new ClaimRejected({ reason: "slot_busy", message: `slot ${req.slot} already holds a reservation` }))
+        if (mine.length >= d.slots)
+          return Effect.fail(new ClaimRejected({ reason: "capacity", message: `device holds ${mine.length} of ${d.slots} slots` }))
+        const inFlight = new Map<Source, number>()
+        for (const a of active) inFlight.set(a.source, (inFlight.get(a.source) ?? 0) + 1)
+        let pick: Target.Target | undefined
+        for (const t of targets.values()) {
+          if (t.status !== "pending") continue
+          if (req.sources && !req.sources.includes(t.source)) continue
+          if (req.sourceCap !== undefined && (inFlight.get(t.source) ?? 0) >= req.sourceCap) continue
+          if (!pick || t.id < pick.id) pick = t
+        }
+        if (!pick) return Effect.succeed(null)
+        const claimed = Claim.claim(pick, pick.fence, req.now)
+        if (Either.isLeft(claimed)) return Effect.fail(claimed.left)
+        const t = claimed.right
+        targets.set(t.id, t)
+        const { policy, deadlines } = Deadline.issueFor(req.config, t.source, req.now)
+        const a: Assignment.Assignment = {
+          ...deadlines,
+          reservationId: nextReservation++,
+          targetId: t.id,
+          source: t.source,
+          identity: t.identity,
+          deviceId: req.deviceId,
+          slot: req.slot,
+          fence: t.fence,
+          policy,
+          coveredRemoteAt: t.coveredRemoteAt,
+          state: "active",
+          lastPhase: null,
+          lastSeq: 0,
+          lastProgressAt: null,
+          outcome: null,
+          finalPhase: null,
+          endedAt: null,
+          expiry: null
+        }
+        assignments.set(a.reservationId, a)
+        events.set(a.reservationId, [])
+        return Effect.succeed(a)
+      }),
+
+    appendProgress: (auth, batch) =>
+      Effect.suspend((): Effect.Effect<
+        { results: ReadonlyArray<{ seq: number; status: "accepted" | "duplicate"; acceptedAt: number }>; assignment: Assignment.Assignment },
+        ReservationRefused | ProgressRejected
+      > => {
+        const found = authorize(auth)
+        if (Either.isLeft(found)) return Effect.fail(found.left)
+        const a = found.right
+        const stored = events.get(a.reservationId)!
+        let timeline: PhaseModel.Timeline = { events: stored, phase: a.lastPhase, lastSeq: a.lastSeq }
+        const results: Array<{ seq: number; status: "accepted" | "duplicate"; acceptedAt: number }> = []
+        const fresh: Array<StoredEvent> = []
+        for (const e of batch) {
+          if (e.seq <= timeline.lastSeq) {
+            const prior = stored[e.seq - 1] ?? fresh.find((f) => f.seq === e.seq)
+            if (!prior || !sameEvent(prior, e))
+              return Effect.fail(new ProgressRejected({ reason: "conflict", seq: e.seq, phase: e.phase, message: `sequence ${e.seq} was already accepted with different content` }))
+            results.push({ seq: e.seq, status: "duplicate", acceptedAt: prior.acceptedAt })
+            continue
+          }
+          if (fresh.length === 0) {
+            const live = requireLive(a, auth.now)
+            if (Either.isLeft(live)) return Effect.fail(live.left)
+          }
+          const next = PhaseModel.append(timeline, e)
+          if (Either.isLeft(next))
+            return Effect.fail(new ProgressRejected({ reason: next.left.reason, seq: e.seq, phase: e.phase, message: next.left.message }))
+          timeline = next.right
+          fresh.push({ ...e, acceptedAt: auth.now })
+          results.push({ seq: e.seq, status: "accepted", acceptedAt: auth.now })
+        }
+        if (fresh.length === 0) return Effect.succeed({ results, assignment: a })
+        stored.push(...fresh)
+        const updated: Assignment.Assignment = { ...a, lastPhase: timeline.phase, lastSeq: timeline.lastSeq, lastProgressAt: auth.now }
+        assignments.set(a.reservationId, updated)
+        return Effect.succeed({ results, assignment: updated })
+      }),
+
+    submitResult: (input) =>
+      Effect.suspend(() => {
+        const found = authorize(input)
+        if (Either.isLeft(found)) return Effect.fail(found.left)
+        const a = found.right
+        const prior = receipts.get(a.reservationId)
+        if (prior) return Effect.succeed(prior)
+        const live = requireLive(a, input.now)
+        if (Either.isLeft(live)) return Effect.fail(live.left)
+        if (input.now > a.uploadDeadline)
+          return Effect.fail(refuse("upload_deadline_passed", a.reservationId, `the result-upload deadline passed at ${new Date(a.uploadDeadline).toISOString()}`))
+        const t = targets.get(a.targetId)!
+        if (!Claim.holds(t, a.fence)) return Effect.fail(refuse("stale_fence", a.reservationId, `target ${t.id} is no longer held by fence ${a.fence}`))
+        const status = Assignment.targetStatusAfter(input.outcome)
+        targets.set(t.id, status === "completed" ? Claim.complete(t, input.now) : Claim.fail(t, status))
+        const receipt: Assignment.Receipt = { receiptId: `rc-${a.reservationId}-${a.fence}`, reservationId: a.reservationId, outcome: input.outcome, acceptedAt: input.now }
+        receipts.set(a.reservationId, receipt)
+        results.set(a.reservationId, input.body)
+        const evs = events.get(a.reservationId)!
+        const uploading = evs.find((e) => e.kind === "phase" && e.phase === "uploading")
+        durations.push(...Assignment.durationsOf(a, evs, input.outcome, input.now, uploading ? uploading.acceptedAt : null))
+        assignments.set(a.reservationId, {
+          ...a,
+          state: status === "completed" ? "completed" : "failed",
+          outcome: input.outcome,
+          finalPhase: input.finalPhase,
+          endedAt: input.now
+        })
+        return Effect.succeed(receipt)
+      }),
+
+    release: (auth) =>
+      Effect.suspend(() => {
+        const found = authorize(auth)
+        if (Either.isLeft(found)) return Effect.fail(found.left)
+        const live = requireLive(found.right, auth.now)
+        if (Either.isLeft(live)) return Effect.fail(live.left)
+        const a = live.right
+        const t = targets.get(a.targetId)!
+        if (!Claim.holds(t, a.fence)) return Effect.fail(refuse("stale_fence", a.reservationId, `target ${t.id} is no longer held by fence ${a.fence}`))
+        targets.set(t.id, Claim.release(t))
+        const updated: Assignment.Assignment = { ...a, state: "released", endedAt: auth.now }
+        assignments.set(a.reservationId, updated)
+        return Effect.succeed(updated)
+      }),
+
+    expireDue: (req) =>
+      Effect.sync(() => {
+        const due = [...assignments.values()]
+          .filter((a) => a.state === "active" && a.expiresAt <= req.now)
+          .sort((x, y) => x.expiresAt - y.expiresAt || x.reservationId - y.reservationId)
+          .slice(0, req.limit)
+        const out: Array<Assignment.Assignment> = []
+        for (const a of due) {
+          const t = targets.get(a.targetId)!
+          if (Claim.holds(t, a.fence)) targets.set(t.id, Claim.expire(t, req.maxAttempts))
+          const expired: Assignment.Assignment = {
+            ...a,
+            state: "expired",
+            endedAt: req.now,
+            expiry: { lastPhase: a.lastPhase, lastProgressAt: a.lastProgressAt, expiredAt: req.now }
+          }
+          assignments.set(a.reservationId, expired)
+          out.push(expired)
+        }
+        return out
+      }),
+
+    getAssignment: (reservationId) =>
+      Effect.suspend(() => {
+        const a = assignments.get(reservationId)
+        return a ? Effect.succeed(a) : Effect.fail(new NotFound({ entity: "assignment", key: String(reservationId) }))
+      }),
+
+    listAssignments: (q) =>
+      Effect.sync(() =>
+        [...assignments.values()]
+          .filter((a) => (q.state === undefined || a.state === q.state) && (q.deviceId === undefined || a.deviceId === q.deviceId))
+          .sort((x, y) => y.reservationId - x.reservationId)
+          .slice(0, q.limit)
+      ),
+
+    timeline: (reservationId) => Effect.sync(() => [...(events.get(reservationId) ?? [])]),
+
+    getTarget: (source, identity) =>
+      Effect.suspend(() => {
+        const id = byKey.get(key(source, identity))
+        return id === undefined ? Effect.fail(new NotFound({ entity: "target", key: `${source}:${identity}` })) : Effect.succeed(targets.get(id)!)
+      }),
+
+    countTargets: () =>
+      Effect.sync(() => {
+        const m = new Map<string, { source: Source; status: Target.Status; count: number }>()
+        for (const t of targets.values()) {
+          const k = `${t.source}/${t.status}`
+          const c = m.get(k) ?? { source: t.source, status: t.status, count: 0 }
+          c.count++
+          m.set(k, c)
+        }
+        return [...m.values()].sort((a, b) => a.source.localeCompare(b.source) || a.status.localeCompare(b.status))
+      }),
+
+    recordCycle: (c) =>
+      Effect.sync(() => {
+        const cycle = { ...c, id: nextCycle++ }
+        cycles.push(cycle)
+        return cycle
+      }),
+
+    listCycles: (q) =>
+      Effect.sync(() =>
+        cycles
+          .filter((c) => q.source === undefined || c.source === q.source)
+          .sort((a, b) => b.id - a.id)
+          .slice(0, q.limit)
+      ),
+
+    recordDurations: (ds) => Effect.sync(() => void durations.push(...ds)),
+
+    percentiles: (q) =>
+      Effect.sync(() => {
+        const groups = new Map<string, { source: Source; metric: Percentile.Metric; outcome: Assignment.Outcome; values: Array<number> }>()
+        for (const d of durations) {
+          if (d.at < q.from || d.at >= q.to) continue
+          if ((q.source && d.source !== q.source) || (q.metric && d.metric !== q.metric) || (q.outcome && d.outcome !== q.outcome)) continue
+          const k = `${d.source}/${d.metric}/${d.outcome}`
+          const g = groups.get(k) ?? { source: d.source, metric: d.metric, outcome: d.outcome, values: [] }
+          g.values.push(d.ms)
+          groups.set(k, g)
+        }
+        return [...groups.values()]
+          .sort((a, b) => a.source.localeCompare(b.source) || a.metric.localeCompare(b.metric) || a.outcome.localeCompare(b.outcome))
+          .map((g) => ({ source: g.source, metric: g.metric, outcome: g.outcome, ...Percentile.summarize(g.values, q.minSamples) }))
+      }),
+
+    activeConfig: () => Effect.sync(() => configs[configs.length - 1] ?? null),
+
+    applyConfig: (document, appliedBy, now) =>
+      Effect.sync(() => {
+        const v = { version: configs.length + 1, document, appliedBy, appliedAt: now }
+        configs.push(v)
+        return v
+      }),
+
+    addDevice: (d) =>
+      Effect.sync(() => {
+        const device = { id: nextDevice++, name: d.name, slots: d.slots, createdAt: d.now, revokedAt: null, tokenHash: d.tokenHash }
+        devices.set(device.id, device)
+        const { tokenHash: _, ...pub } = device
+        return pub
+      }),
+
+    deviceByTokenHash: (tokenHash) =>
+      Effect.sync(() => {
+        for (const d of devices.values())
+          if (d.tokenHash === tokenHash && d.revokedAt === null) {
+            const { tokenHash: _, ...pub } = d
+            return pub
+          }
+        return null
+      }),
+
+    revokeDevice: (id, now) =>
+      Effect.suspend(() => {
+        const d = devices.get(id)
+        if (!d) return Effect.fail(new NotFound({ entity: "device", key: String(id) }))
+        devices.set(id, { ...d, revokedAt: d.revokedAt ?? now })
+        return Effect.void
+      })
+  }
+  return store
+}
+
+/** A layer providing a fresh in-memory Store. */
+export const layer: Layer.Layer<Store> = Layer.sync(Store, make)

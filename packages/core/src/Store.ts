@@ -1,0 +1,168 @@
+import { Context, type Effect } from "effect"
+import type { Assignment, Duration, Outcome, Receipt } from "./Assignment.js"
+import type { ManagedConfig } from "./Config.js"
+import type { Cycle, CycleInput } from "./Discovery.js"
+import type { ClaimRejected, NotFound, ProgressRejected, ReservationRefused, StoreError } from "./Errors.js"
+import type { Metric, Summary } from "./Percentile.js"
+import type * as PhaseModel from "./PhaseModel.js"
+import type { Source } from "./Source.js"
+import type { Observation, Status, Target } from "./Target.js"
+
+/** What recording one discovery batch did. */
+export interface RecordResult {
+  /** Identities inserted as new pending targets. */
+  readonly inserted: ReadonlyArray<string>
+  /** How many records named a target that was already known. */
+  readonly known: number
+}
+
+/** What one budgeted promotion did. */
+export interface PromoteResult {
+  readonly promoted: ReadonlyArray<string>
+  /** Eligible but left for later cycles by the budget. */
+  readonly deferred: number
+}
+
+/** A claim request for one device slot. */
+export interface ClaimRequest {
+  readonly deviceId: number
+  readonly slot: number
+  readonly now: number
+  /** The managed configuration in force; the target's source selects its policy. */
+  readonly config: ManagedConfig
+  /** Only claim targets of these sources (all when absent). */
+  readonly sources?: ReadonlyArray<Source>
+  /** Optional cap on in-flight assignments per source, fleet-wide. */
+  readonly sourceCap?: number
+}
+
+/** A worker write's credentials: the reservation and the fence it was issued with. */
+export interface Authority {
+  readonly deviceId: number
+  readonly reservationId: number
+  readonly fence: number
+  readonly now: number
+}
+
+/** Per-event acceptance of a progress batch. */
+export interface Acceptance {
+  readonly seq: number
+  readonly status: "accepted" | "duplicate"
+  /** Server time the event was first accepted; a duplicate returns the original. */
+  readonly acceptedAt: number
+}
+
+/** A result submission. */
+export interface ResultInput extends Authority {
+  readonly outcome: Outcome
+  readonly finalPhase: PhaseModel.Phase | null
+  /** The result document (findings and the bounded log), stored as JSON text. */
+  readonly body: string
+}
+
+/** Expiry policy and bounds for one sweep. */
+export interface SweepRequest {
+  readonly now: number
+  readonly maxAttempts: number
+  readonly limit: number
+}
+
+/** A percentile query: every dimension optional, the window required. */
+export interface PercentileQuery {
+  readonly from: number
+  readonly to: number
+  readonly source?: Source
+  readonly metric?: Metric
+  readonly outcome?: Outcome
+  readonly minSamples: number
+}
+
+/** One group of a percentile answer. */
+export interface PercentileRow extends Summary {
+  readonly source: Source
+  readonly metric: Metric
+  readonly outcome: Outcome
+}
+
+/** A registered worker device. */
+export interface Device {
+  readonly id: number
+  readonly name: string
+  readonly slots: number
+  readonly createdAt: number
+  readonly revokedAt: number | null
+}
+
+/** A stored configuration version. */
+export interface ConfigVersion {
+  readonly version: number
+  readonly document: ManagedConfig
+  readonly appliedBy: string
+  readonly appliedAt: number
+}
+
+/** Store-wide counts for dashboards and metrics. */
+export interface TargetCount {
+  readonly source: Source
+  readonly status: Status
+  readonly count: number
+}
+
+/**
+ * The storage port. Every method is atomic: one statement, or one transaction.
+ * Authority changes are compare-and-set on (status, fence); every worker write
+ * carries its reservation and fence and a superseded attempt is refused.
+ */
+export class Store extends Context.Tag("@scanfleet/core/Store")<
+  Store,
+  {
+    /** Inserts new identities as pending and raises `observed_remote_at` of known ones; nothing else. One round trip per batch. */
+    readonly recordObservations: (batch: ReadonlyArray<Observation>, now: number) => Effect.Effect<RecordResult, StoreError>
+    /** Promotes at most `budget` eligible completed targets of a source, in core's order, with a fenced compare-and-set. */
+    readonly promote: (source: Source, rule: { readonly budget: number; readonly cooldownMs: number }, now: number) => Effect.Effect<PromoteResult, StoreError>
+    /** Claims the next pending target for a device slot; `null` when nothing is pending. */
+    readonly claim: (req: ClaimRequest) => Effect.Effect<Assignment | null, ClaimRejected | StoreError>
+    /** Appends progress events idempotently by (reservation, sequence); never renews anything. */
+    readonly appendProgress: (
+      auth: Authority,
+      events: ReadonlyArray<PhaseModel.Event>
+    ) => Effect.Effect<{ readonly results: ReadonlyArray<Acceptance>; readonly assignment: Assignment }, ReservationRefused | ProgressRejected | StoreError>
+    /** Accepts a result under the upload deadline, ends the assignment and records durations; a resubmission returns the original receipt. */
+    readonly submitResult: (input: ResultInput) => Effect.Effect<Receipt, ReservationRefused | StoreError>
+    /** Gives an active reservation back: the target returns to pending. */
+    readonly release: (auth: Authority) => Effect.Effect<Assignment, ReservationRefused | StoreError>
+    /** Expires active reservations past their immutable expiry, keeping the last phase and progress time as evidence. */
+    readonly expireDue: (req: SweepRequest) => Effect.Effect<ReadonlyArray<Assignment>, StoreError>
+    /** One assignment by reservation id. */
+    readonly getAssignment: (reservationId: number) => Effect.Effect<Assignment, NotFound | StoreError>
+    /** Assignments in a state, newest first. */
+    readonly listAssignments: (q: { readonly state?: Assignment["state"]; readonly deviceId?: number; readonly limit: number }) => Effect.Effect<ReadonlyArray<Assignment>, StoreError>
+    /** The accepted timeline of a reservation, in sequence order. */
+    readonly timeline: (reservationId: number) => Effect.Effect<ReadonlyArray<PhaseModel.Event & { readonly acceptedAt: number }>, StoreError>
+    /** One target by identity. */
+    readonly getTarget: (source: Source, identity: string) => Effect.Effect<Target, NotFound | StoreError>
+    /** Targets counted by source and status. */
+    readonly countTargets: () => Effect.Effect<ReadonlyArray<TargetCount>, StoreError>
+    /** Stores a discovery cycle record. */
+    readonly recordCycle: (c: CycleInput) => Effect.Effect<Cycle, StoreError>
+    /** Recent cycle records, newest first. */
+    readonly listCycles: (q: { readonly source?: Source; readonly limit: number }) => Effect.Effect<ReadonlyArray<Cycle>, StoreError>
+    /** Records duration observations (the adapters also record them inside result acceptance). */
+    readonly recordDurations: (ds: ReadonlyArray<Duration>) => Effect.Effect<void, StoreError>
+    /** p50/p95/p99 by source, metric and outcome inside a window, with sample counts. */
+    readonly percentiles: (q: PercentileQuery) => Effect.Effect<ReadonlyArray<PercentileRow>, StoreError>
+    /** The configuration in force, or null before the first apply. */
+    readonly activeConfig: () => Effect.Effect<ConfigVersion | null, StoreError>
+    /** Stores a validated document as the next version. */
+    readonly applyConfig: (document: ManagedConfig, appliedBy: string, now: number) => Effect.Effect<ConfigVersion, StoreError>
+    /** Registers a device under the hash of its token. */
+    readonly addDevice: (d: { readonly name: string; readonly slots: number; readonly tokenHash: string; readonly now: number }) => Effect.Effect<Device, StoreError>
+    /** The live device whose token hashes to this value. */
+    readonly deviceByTokenHash: (tokenHash: string) => Effect.Effect<Device | null, StoreError>
+    /** Revokes a device; its token stops working at once. */
+    readonly revokeDevice: (id: number, now: number) => Effect.Effect<void, NotFound | StoreError>
+  }
+>() {}
+
+/** The shape of a Store implementation. */
+export type StoreShape = Context.Tag.Service<Store>

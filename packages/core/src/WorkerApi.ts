@@ -1,0 +1,126 @@
+import { z } from "zod"
+import { outcomes, states } from "./Assignment.js"
+import { ManagedConfigSchema } from "./Config.js"
+import { EventSchema, PhaseSchema } from "./PhaseModel.js"
+import { MetricSchema } from "./Percentile.js"
+import { SourceSchema } from "./Source.js"
+import { StatusSchema } from "./Target.js"
+
+/**
+ * The HTTP contract between devices, operators and the server (`/v1`). The
+ * server parses requests with these schemas and the worker client parses
+ * responses with them: one description of each shape.
+ */
+
+const epochMs = z.number().int()
+const id = z.number().int().min(1).max(Number.MAX_SAFE_INTEGER)
+
+/** Maximum result body accepted, bytes. */
+export const maxResultBytes = 1_048_576
+/** Maximum events in one progress batch. */
+export const maxEventsPerBatch = 1000
+
+/** POST /v1/assignments/claim */
+export const ClaimRequest = z.object({ slot: z.number().int().min(0).max(1023) }).strict()
+
+/** One labelled deadline. */
+export const LabelledDeadline = z.object({ label: z.string(), at: epochMs, iso: z.string() }).strict()
+
+/** An assignment as a device or an operator sees it. */
+export const AssignmentView = z
+  .object({
+    reservationId: id,
+    fence: z.number().int(),
+    deviceId: id,
+    slot: z.number().int(),
+    target: z.object({ id, source: SourceSchema, identity: z.string(), coveredRemoteAt: epochMs.nullable() }).strict(),
+    issuedAt: epochMs,
+    deadlines: z
+      .object({ targetScan: LabelledDeadline, resultUpload: LabelledDeadline, assignmentExpiry: LabelledDeadline })
+      .strict(),
+    nextDeadline: z.object({ which: z.enum(["targetScan", "resultUpload", "assignmentExpiry"]), label: z.string(), at: epochMs, remainingMs: z.number() }).strict().nullable(),
+    policy: z
+      .object({
+        source: SourceSchema,
+        origin: z.enum(["override", "global"]),
+        ttlSeconds: z.number().int(),
+        scanTimeoutSeconds: z.number().int(),
+        uploadTimeoutSeconds: z.number().int(),
+        handoffMarginSeconds: z.number().int()
+      })
+      .strict(),
+    state: z.enum(states),
+    lastPhase: PhaseSchema.nullable(),
+    lastSeq: z.number().int(),
+    lastProgressAt: epochMs.nullable(),
+    outcome: z.enum(outcomes).nullable(),
+    finalPhase: PhaseSchema.nullable(),
+    endedAt: epochMs.nullable(),
+    expiry: z.object({ lastPhase: PhaseSchema.nullable(), lastProgressAt: epochMs.nullable(), expiredAt: epochMs }).strict().nullable(),
+    serverNow: epochMs
+  })
+  .strict()
+/** An assignment view. */
+export type AssignmentView = z.infer<typeof AssignmentView>
+
+/** Response of a claim: the assignment, or null when nothing is pending. */
+export const ClaimResponse = z.object({ assignment: AssignmentView.nullable() }).strict()
+
+/** POST /v1/assignments/:id/progress */
+export const ProgressRequest = z.object({ fence: z.number().int().min(0), events: z.array(EventSchema).min(1).max(maxEventsPerBatch) }).strict()
+/** Per-event acceptance. */
+export const ProgressResponse = z
+  .object({
+    results: z.array(z.object({ seq: z.number().int(), status: z.enum(["accepted", "duplicate"]), acceptedAt: epochMs }).strict()),
+    latestPhase: PhaseSchema.nullable(),
+    lastSeq: z.number().int(),
+    /** Unchanged by progress: shown so a client can see nothing was renewed. */
+    assignmentExpiry: epochMs
+  })
+  .strict()
+
+/** One finding reported by a scanner. */
+export const Finding = z.record(z.string(), z.unknown())
+
+/** POST /v1/assignments/:id/result */
+export const ResultRequest = z
+  .object({
+    fence: z.number().int().min(0),
+    outcome: z.enum(outcomes),
+    finalPhase: PhaseSchema.nullable(),
+    findings: z.array(Finding).max(10_000),
+    log: z.string().max(65_536).default("")
+  })
+  .strict()
+/** The receipt of an accepted result. */
+export const Receipt = z.object({ receiptId: z.string(), reservationId: id, outcome: z.enum(outcomes), acceptedAt: epochMs }).strict()
+
+/** The error body of every refusal: a code, a message, and the field at fault where there is one. */
+export const ErrorBody = z
+  .object({
+    error: z.string(),
+    message: z.string(),
+    issues: z.array(z.object({ path: z.array(z.union([z.string(), z.number()])), message: z.string() }).strict()).optional()
+  })
+  .strict()
+/** An error body. */
+export type ErrorBody = z.infer<typeof ErrorBody>
+
+/** POST /v1/admin/config/preview and /apply take a managed configuration document. */
+export const ConfigDocument = ManagedConfigSchema
+
+/** GET /v1/admin/percentiles query. */
+export const PercentileQuery = z
+  .object({
+    source: SourceSchema.optional(),
+    metric: MetricSchema.optional(),
+    outcome: z.enum(outcomes).optional(),
+    windowHours: z.coerce.number().positive().max(24 * 90).default(24)
+  })
+  .strict()
+
+/** GET /v1/admin/targets counts. */
+export const TargetCounts = z.array(z.object({ source: SourceSchema, status: StatusSchema, count: z.number().int() }).strict())
+
+/** POST /v1/admin/devices */
+export const DeviceCreate = z.object({ name: z.string().min(1).max(200), slots: z.number().int().min(1).max(1024) }).strict()

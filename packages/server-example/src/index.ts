@@ -1,0 +1,2 @@
+/** @scanfleet/server-example */
+export {}

@@ -1,0 +1,25 @@
+import { defineConfig, type Options } from "tsup"
+
+// Every package builds the same way; bare imports (dependencies, sibling
+// packages, node builtins) stay external so each package ships only its own code.
+const pkg = (name: string, entry: Record<string, string>): Options => ({
+  name,
+  entry,
+  outDir: `packages/${name}/dist`,
+  format: ["esm", "cjs"],
+  dts: { compilerOptions: { customConditions: [] } },
+  tsconfig: `tsconfig.build.json`,
+  sourcemap: true,
+  clean: true,
+  target: "node20",
+  platform: "node",
+  external: [/^[^./]/],
+  shims: true
+})
+
+export default defineConfig([
+  pkg("core", { index: "packages/core/src/index.ts" }),
+  pkg("adapters", { index: "packages/adapters/src/index.ts" }),
+  pkg("worker", { index: "packages/worker/src/index.ts" }),
+  pkg("server-example", { index: "packages/server-example/src/index.ts" })
+])
