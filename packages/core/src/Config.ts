@@ -122,6 +122,15 @@ export const checkDeadlines = (c: ManagedConfig): ReadonlyArray<Violation> =>
     ]
   })
 
+// zod reports unknown keys once, at the enclosing object; a person fixes them one
+// field at a time, so each becomes a violation at its own path.
+const toViolations = (i: z.core.$ZodIssue): ReadonlyArray<Violation> => {
+  const path = i.path.map((k) => (typeof k === "symbol" ? String(k) : k))
+  if (i.code === "unrecognized_keys")
+    return i.keys.map((k) => ({ path: [...path, k], message: `unknown field "${k}": remove it or check its spelling` }))
+  return [{ path, message: i.message }]
+}
+
 /**
  * Validates a candidate document as a whole: shape first (every zod issue with
  * its path), then the deadline rule. Writes nothing; this is the preview.
@@ -132,8 +141,7 @@ export const checkDeadlines = (c: ManagedConfig): ReadonlyArray<Violation> =>
  */
 export const preview = (candidate: unknown): Either.Either<ManagedConfig, ReadonlyArray<Violation>> => {
   const parsed = ManagedConfigSchema.safeParse(candidate)
-  if (!parsed.success)
-    return Either.left(parsed.error.issues.map((i) => ({ path: i.path.map((k) => (typeof k === "symbol" ? String(k) : k)), message: i.message })))
+  if (!parsed.success) return Either.left(parsed.error.issues.flatMap(toViolations))
   const violations = checkDeadlines(parsed.data)
   return violations.length > 0 ? Either.left(violations) : Either.right(parsed.data)
 }
