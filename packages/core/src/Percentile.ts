@@ -19,11 +19,17 @@ export const levels = [0.5, 0.95, 0.99] as const
  */
 export const cont = (sorted: ReadonlyArray<number>, p: number): number => {
   const n = sorted.length
-  if (n === 0) return Number.NaN
+  if (n === 0 || !(p >= 0 && p <= 1)) return Number.NaN
   const r = p * (n - 1)
   const lo = Math.floor(r)
-  const hi = Math.ceil(r)
-  return sorted[lo] + (sorted[hi] - sorted[lo]) * (r - lo)
+  const a = sorted[lo], b = sorted[Math.ceil(r)]
+  if (a === b) return a
+  const f = r - lo
+  const d = b - a
+  // Far-apart values overflow b − a; halving both keeps the step finite. The clamp
+  // keeps rounding inside [a, b], which is what makes cont monotone in p.
+  const v = Number.isFinite(d) ? a + d * f : 2 * (a / 2 + (b / 2 - a / 2) * f)
+  return Math.min(b, Math.max(a, v))
 }
 
 /** A percentile, or the label that there are too few samples to state one. */
