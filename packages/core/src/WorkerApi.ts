@@ -124,3 +124,123 @@ export const TargetCounts = z.array(z.object({ source: SourceSchema, status: Sta
 
 /** POST /v1/admin/devices */
 export const DeviceCreate = z.object({ name: z.string().min(1).max(200), slots: z.number().int().min(1).max(1024) }).strict()
+
+/** POST /v1/assignments/:id/release: gives an active reservation back to the queue. */
+export const ReleaseRequest = z.object({ fence: z.number().int().min(0) }).strict()
+
+/** GET /v1/admin/assignments query. */
+export const AssignmentListQuery = z
+  .object({ state: z.enum(states).optional(), limit: z.coerce.number().int().min(1).max(1000).default(100) })
+  .strict()
+
+/** GET /v1/admin/assignments: views, newest first. */
+export const AssignmentList = z.object({ assignments: z.array(AssignmentView) }).strict()
+
+/** One accepted timeline event, with the server time it was accepted. */
+export const TimelineEvent = EventSchema.extend({ acceptedAt: epochMs })
+
+/** GET /v1/admin/assignments/:id: one view and its accepted timeline. */
+export const AssignmentDetail = z.object({ assignment: AssignmentView, timeline: z.array(TimelineEvent) }).strict()
+
+/** A registered device (never its token). */
+export const DeviceView = z.object({ id, name: z.string(), slots: z.number().int(), createdAt: epochMs, revokedAt: epochMs.nullable() }).strict()
+
+/** Response of POST /v1/admin/devices: the token is shown this once and never stored in clear. */
+export const DeviceCreated = z.object({ device: DeviceView, token: z.string() }).strict()
+
+/** A source's effective assignment policy and where its TTL comes from. */
+export const EffectivePolicyView = z
+  .object({
+    source: SourceSchema,
+    origin: z.enum(["override", "global"]),
+    ttlSeconds: z.number().int(),
+    scanTimeoutSeconds: z.number().int(),
+    uploadTimeoutSeconds: z.number().int(),
+    handoffMarginSeconds: z.number().int()
+  })
+  .strict()
+
+/** GET /v1/admin/config: the document in force (the defaults before any apply) and each source's effective policy. */
+export const ConfigView = z
+  .object({
+    version: z.number().int().nullable(),
+    origin: z.enum(["applied", "defaults"]),
+    appliedBy: z.string().nullable(),
+    appliedAt: epochMs.nullable(),
+    document: ManagedConfigSchema,
+    effective: z.array(EffectivePolicyView)
+  })
+  .strict()
+
+/** Response of POST /v1/admin/config/preview for a valid candidate (nothing is written). */
+export const PreviewResponse = z.object({ valid: z.literal(true), document: ManagedConfigSchema, effective: z.array(EffectivePolicyView) }).strict()
+
+/** GET /v1/admin/cycles query. */
+export const CycleListQuery = z.object({ source: SourceSchema.optional(), limit: z.coerce.number().int().min(1).max(1000).default(50) }).strict()
+
+/** One discovery cycle record. */
+export const CycleView = z
+  .object({
+    id,
+    source: SourceSchema,
+    startedAt: epochMs,
+    endedAt: epochMs,
+    pages: z.number().int(),
+    results: z.number().int(),
+    malformed: z.number().int(),
+    queuedNewCount: z.number().int(),
+    queuedUpdatedCount: z.number().int(),
+    deferredCount: z.number().int(),
+    stopReason: z.enum(["end_of_listing", "page_limit", "result_limit", "known_page", "error"]),
+    error: z.string().nullable()
+  })
+  .strict()
+
+/** GET /v1/admin/cycles: newest first. */
+export const CycleList = z.object({ cycles: z.array(CycleView) }).strict()
+
+/** A percentile, or the label that there are too few samples to state one. */
+export const QuantileView = z.union([
+  z.object({ status: z.literal("ok"), value: z.number() }).strict(),
+  z.object({ status: z.literal("insufficient"), count: z.number().int(), required: z.number().int() }).strict()
+])
+
+/** One group of a percentile answer. */
+export const PercentileRowView = z
+  .object({ source: SourceSchema, metric: MetricSchema, outcome: z.enum(outcomes), count: z.number().int(), p50: QuantileView, p95: QuantileView, p99: QuantileView })
+  .strict()
+
+/** GET /v1/admin/percentiles: the window, the minimum sample count, and one row per source, metric and outcome. */
+export const PercentileResponse = z
+  .object({ from: epochMs, to: epochMs, windowHours: z.number(), minSamples: z.number().int(), rows: z.array(PercentileRowView) })
+  .strict()
+
+/** GET /v1/admin/summary: the numbers the dashboard leads with. */
+export const SummaryView = z
+  .object({
+    targets: z
+      .object({
+        queuedNew: z.number().int(),
+        queuedUpdated: z.number().int(),
+        pending: z.number().int(),
+        inProgress: z.number().int(),
+        completed: z.number().int(),
+        failed: z.number().int()
+      })
+      .strict(),
+    assignments: z
+      .object({
+        running: z.number().int(),
+        completed: z.number().int(),
+        timedOut: z.number().int(),
+        failed: z.number().int(),
+        expired: z.number().int(),
+        released: z.number().int()
+      })
+      .strict(),
+    serverNow: epochMs
+  })
+  .strict()
+
+/** A query string that takes no parameters. */
+export const EmptyQuery = z.object({}).strict()

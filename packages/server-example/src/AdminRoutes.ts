@@ -1,0 +1,223 @@
+import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
+import { type Assignment, Config, type Errors, Percentile, Source, Store, WorkerApi } from "@scanfleet/core"
+import { Clock, Effect, Either } from "effect"
+import type { z } from "zod"
+import { ApiError, fromNotFound, fromStoreError } from "./ApiError.js"
+import * as Auth from "./Auth.js"
+import * as Managed from "./internal/Managed.js"
+import * as Request from "./internal/Request.js"
+import { Settings } from "./ServerConfig.js"
+import * as Tokens from "./Tokens.js"
+import * as Views from "./Views.js"
+
+const ok = (body: unknown, status = 200) => HttpServerResponse.unsafeJson(body, { status })
+const storeOp = <A>(e: Effect.Effect<A, Errors.NotFound | Errors.StoreError>) =>
+  Effect.mapError(e, (err) => (err._tag === "NotFound" ? fromNotFound(err) : fromStoreError(err)))
+
+/** Each source's effective policy under a document. */
+export const effective = (doc: Config.ManagedConfig) => Source.sources.map((s) => ({ ...Config.effectivePolicy(doc, s) }))
+
+// Preview and apply validate identically; an invalid document is refused whole with every violation at its path.
+const validated = Effect.gen(function* () {
+  const settings = yield* Settings
+  const candidate = yield* Request.json(settings.maxBodyBytes)
+  const r = Config.preview(candidate)
+  if (Either.isLeft(r)) {
+    const issues = r.left.map((v) => ({ path: [...v.path], message: v.message }))
+    return yield* Effect.fail(
+      new ApiError({ status: 422, error: "invalid_config", message: `the configuration is invalid (${issues.length} violation${issues.length === 1 ? "" : "s"}); nothing was stored`, issues })
+    )
+  }
+  return r.right
+})
+
+/** POST /v1/admin/config/preview: validates a candidate with core's rules; writes nothing. */
+export const preview = Effect.gen(function* () {
+  yield* Auth.admin({ cookie: false })
+  const doc = yield* validated
+  return ok({ valid: true, document: doc, effective: effective(doc) } satisfies z.infer<typeof WorkerApi.PreviewResponse>)
+})
+
+/** POST /v1/admin/config/apply: stores a valid document as the next version. */
+export const apply = Effect.gen(function* () {
+  yield* Auth.admin({ cookie: false })
+  const doc = yield* validated
+  const req = yield* HttpServerRequest.HttpServerRequest
+  const by = (req.headers["x-scanfleet-actor"] ?? "admin").slice(0, 200)
+  const store = yield* Store.Store
+  const now = yield* Clock.currentTimeMillis
+  const v = yield* storeOp(store.applyConfig(doc, by, now))
+  yield* Effect.logInfo("configuration applied").pipe(Effect.annotateLogs({ version: v.version, appliedBy: by }))
+  return ok(configView(v), 201)
+})
+
+const configView = (v: Store.ConfigVersion | null): z.infer<typeof WorkerApi.ConfigView> => {
+  const document = v ? v.document : Config.defaults
+  return {
+    version: v ? v.version : null,
+    origin: v ? "applied" : "defaults",
+    appliedBy: v ? v.appliedBy : null,
+    appliedAt: v ? v.appliedAt : null,
+    document,
+    effective: effective(document)
+  }
+}
+
+/** GET /v1/admin/config: the configuration in force and each source's effective policy. */
+export const getConfig = Effect.gen(function* () {
+  yield* Auth.admin({ cookie: false })
+  const { version } = yield* Managed.current
+  return ok(configView(version))
+})
+
+/** POST /v1/admin/devices: registers a device; its token appears in this response only. */
+export const addDevice = Effect.gen(function* () {
+  yield* Auth.admin({ cookie: false })
+  const settings = yield* Settings
+  const req = yield* Request.body(WorkerApi.DeviceCreate, settings.maxBodyBytes)
+  const store = yield* Store.Store
+  const now = yield* Clock.currentTimeMillis
+  const token = Tokens.generate()
+  const d = yield* storeOp(store.addDevice({ name: req.name, slots: req.slots, tokenHash: Tokens.hash(token), now }))
+  yield* Effect.logInfo("device registered").pipe(Effect.annotateLogs({ deviceId: d.id, name: d.name, slots: d.slots }))
+  return ok({ device: Views.device(d), token }, 201)
+})
+
+/** DELETE /v1/admin/devices/:id: revokes a device; its token stops working at once. */
+export const revokeDevice = Effect.gen(function* () {
+  yield* Auth.admin({ cookie: false })
+  const id = yield* Request.idParam("id")
+  const store = yield* Store.Store
+  const now = yield* Clock.currentTimeMillis
+  yield* storeOp(store.revokeDevice(id, now))
+  yield* Effect.logInfo("device revoked").pipe(Effect.annotateLogs({ deviceId: id }))
+  return ok({ revoked: id })
+})
+
+/** GET /v1/admin/assignments?state=&limit=: assignment views, newest first. */
+export const listAssignments = Effect.gen(function* () {
+  yield* Auth.admin({ cookie: false })
+  const q = yield* Request.query(WorkerApi.AssignmentListQuery)
+  const store = yield* Store.Store
+  const rows = yield* storeOp(store.listAssignments({ state: q.state, limit: q.limit }))
+  const now = yield* Clock.currentTimeMillis
+  return ok({ assignments: rows.map((a) => Views.assignment(a, now)) })
+})
+
+/** GET /v1/admin/assignments/:id: one assignment and its accepted timeline. */
+export const getAssignment = Effect.gen(function* () {
+  yield* Auth.admin({ cookie: false })
+  const id = yield* Request.idParam("id")
+  const store = yield* Store.Store
+  const a = yield* storeOp(store.getAssignment(id))
+  const timeline = yield* storeOp(store.timeline(id))
+  const now = yield* Clock.currentTimeMillis
+  return ok({ assignment: Views.assignment(a, now), timeline })
+})
+
+/** GET /v1/admin/cycles?source=&limit=: discovery cycle records, newest first. */
+export const listCycles = Effect.gen(function* () {
+  yield* Auth.admin({ cookie: false })
+  const q = yield* Request.query(WorkerApi.CycleListQuery)
+  const store = yield* Store.Store
+  const cycles = yield* storeOp(store.listCycles({ source: q.source, limit: q.limit }))
+  return ok({ cycles })
+})
+
+/** GET /v1/admin/targets: target counts by source and status. */
+export const targets = Effect.gen(function* () {
+  yield* Auth.admin({ cookie: false })
+  yield* Request.query(WorkerApi.EmptyQuery)
+  const store = yield* Store.Store
+  return ok(yield* storeOp(store.countTargets()))
+})
+
+/**
+ * The percentile answer. Within each source and outcome that has data, every
+ * metric is listed, so a metric with no completed observation shows as
+ * insufficient with a count of 0 rather than disappearing.
+ */
+export const percentileData = (q: z.infer<typeof WorkerApi.PercentileQuery>) =>
+  Effect.gen(function* () {
+    const store = yield* Store.Store
+    const { document } = yield* Managed.current
+    const to = yield* Clock.currentTimeMillis
+    const from = to - Math.round(q.windowHours * 3_600_000)
+    const minSamples = document.metrics.minSamples
+    const rows = yield* storeOp(store.percentiles({ from, to: to + 1, source: q.source, metric: q.metric, outcome: q.outcome, minSamples }))
+    const filled = [...rows]
+    if (q.metric === undefined) {
+      const groups = new Set(rows.map((r) => `${r.source}\u0000${r.outcome}`))
+      for (const g of groups) {
+        const [source, outcome] = g.split("\u0000") as [Source.Source, (typeof rows)[number]["outcome"]]
+        for (const metric of Percentile.metrics)
+          if (!rows.some((r) => r.source === source && r.outcome === outcome && r.metric === metric))
+            filled.push({ source, outcome, metric, ...Percentile.summarize([], minSamples) })
+      }
+    }
+    filled.sort(
+      (a, b) =>
+        a.source.localeCompare(b.source) || a.outcome.localeCompare(b.outcome) || Percentile.metrics.indexOf(a.metric) - Percentile.metrics.indexOf(b.metric)
+    )
+    return { from, to, windowHours: q.windowHours, minSamples, rows: filled } satisfies z.infer<typeof WorkerApi.PercentileResponse>
+  })
+
+/** GET /v1/admin/percentiles?source&metric&outcome&windowHours: p50/p95/p99 with sample counts and insufficient labels. */
+export const percentiles = Effect.gen(function* () {
+  yield* Auth.admin({ cookie: false })
+  const q = yield* Request.query(WorkerApi.PercentileQuery)
+  return ok(yield* percentileData(q))
+})
+
+/** The dashboard's headline numbers. */
+export const summaryData = Effect.gen(function* () {
+  const store = yield* Store.Store
+  const counts = yield* storeOp(store.countTargets())
+  const cycles = yield* storeOp(store.listCycles({ limit: 100_000 }))
+  const count = (state: Assignment.State) =>
+    storeOp(store.listAssignments({ state, limit: 1_000_000 }))
+  const [active, completed, failed, expired, released] = yield* Effect.all([count("active"), count("completed"), count("failed"), count("expired"), count("released")])
+  const byStatus = (s: string) => counts.filter((c) => c.status === s).reduce((n, c) => n + c.count, 0)
+  const now = yield* Clock.currentTimeMillis
+  return {
+    targets: {
+      queuedNew: cycles.reduce((n, c) => n + c.queuedNewCount, 0),
+      queuedUpdated: cycles.reduce((n, c) => n + c.queuedUpdatedCount, 0),
+      pending: byStatus("pending"),
+      inProgress: byStatus("in_progress"),
+      completed: byStatus("completed"),
+      failed: byStatus("failed")
+    },
+    assignments: {
+      running: active.length,
+      completed: completed.length,
+      timedOut: [...completed, ...failed].filter((a) => a.outcome === "killed_at_deadline").length,
+      failed: failed.length,
+      expired: expired.length,
+      released: released.length
+    },
+    serverNow: now
+  } satisfies z.infer<typeof WorkerApi.SummaryView>
+})
+
+/** GET /v1/admin/summary: targets queued new and updated, assignments running, completed, timed out, expired. */
+export const summary = Effect.gen(function* () {
+  yield* Auth.admin({ cookie: false })
+  yield* Request.query(WorkerApi.EmptyQuery)
+  return ok(yield* summaryData)
+})
+
+/** The admin API routes. */
+export const router = HttpRouter.empty.pipe(
+  HttpRouter.post("/v1/admin/config/preview", preview),
+  HttpRouter.post("/v1/admin/config/apply", apply),
+  HttpRouter.get("/v1/admin/config", getConfig),
+  HttpRouter.post("/v1/admin/devices", addDevice),
+  HttpRouter.del("/v1/admin/devices/:id", revokeDevice),
+  HttpRouter.get("/v1/admin/assignments", listAssignments),
+  HttpRouter.get("/v1/admin/assignments/:id", getAssignment),
+  HttpRouter.get("/v1/admin/cycles", listCycles),
+  HttpRouter.get("/v1/admin/targets", targets),
+  HttpRouter.get("/v1/admin/percentiles", percentiles),
+  HttpRouter.get("/v1/admin/summary", summary)
+)

@@ -1,0 +1,73 @@
+import { HttpServerResponse } from "@effect/platform"
+import { Errors, type WorkerApi } from "@scanfleet/core"
+import { Data } from "effect"
+import type { z } from "zod"
+
+type Issue = NonNullable<WorkerApi.ErrorBody["issues"]>[number]
+
+/** A refusal at the HTTP edge: a status and the JSON error body sent with it. Nothing changed. */
+export class ApiError extends Data.TaggedError("ApiError")<{
+  readonly status: number
+  readonly error: string
+  readonly message: string
+  readonly issues?: ReadonlyArray<Issue>
+}> {}
+
+/** The response of a refusal. */
+export const toResponse = (e: ApiError): HttpServerResponse.HttpServerResponse =>
+  HttpServerResponse.unsafeJson(
+    { error: e.error, message: e.message, ...(e.issues ? { issues: e.issues } : {}) },
+    { status: e.status }
+  )
+
+/**
+ * zod issues as field paths. An unknown field becomes one issue at its own
+ * path, so a client sees which key to remove.
+ */
+export const issuesOf = (error: z.ZodError, prefix: ReadonlyArray<string | number> = []): Array<Issue> =>
+  error.issues.flatMap((i): Array<Issue> => {
+    const path = [...prefix, ...i.path.map((k) => (typeof k === "symbol" ? String(k) : k))]
+    if (i.code === "unrecognized_keys") return i.keys.map((k) => ({ path: [...path, k], message: `unknown field "${k}"` }))
+    return [{ path, message: i.message }]
+  })
+
+/** 400 for a body, query or path that does not match its schema. */
+export const invalid = (where: "body" | "query" | "path", error: z.ZodError, prefix: ReadonlyArray<string | number> = []) => {
+  const issues = issuesOf(error, prefix)
+  return new ApiError({
+    status: 400,
+    error: `invalid_${where}`,
+    message: `the request ${where} is invalid: ${issues.map((i) => `${i.path.join(".") || "(root)"}: ${i.message}`).join("; ")}`,
+    issues
+  })
+}
+
+/** 401: no credentials, or credentials that match nothing. */
+export const unauthorized = (message: string) => new ApiError({ status: 401, error: "unauthorized", message })
+/** 403: valid credentials without the right to this resource. */
+export const forbidden = (message: string) => new ApiError({ status: 403, error: "forbidden", message })
+
+/**
+ * Each core error class maps to one status; the body carries its reason:
+ * ClaimRejected 409, ReservationRefused 403, ProgressRejected 422, NotFound 404.
+ */
+export const fromClaimRejected = (e: Errors.ClaimRejected) =>
+  new ApiError({ status: 409, error: `claim_rejected:${e.reason}`, message: e.message, issues: e.reason === "capacity" || e.reason === "slot_busy" ? [{ path: ["slot"], message: e.message }] : undefined })
+
+/** See `fromClaimRejected`. */
+export const fromReservationRefused = (e: Errors.ReservationRefused) =>
+  new ApiError({ status: 403, error: `reservation_refused:${e.reason}`, message: e.message, issues: e.reason === "stale_fence" ? [{ path: ["fence"], message: e.message }] : undefined })
+
+/** See `fromClaimRejected`. The issue points at the refused event in the batch. */
+export const fromProgressRejected = (e: Errors.ProgressRejected, index: number) =>
+  new ApiError({ status: 422, error: `progress_rejected:${e.reason}`, message: e.message, issues: [{ path: ["events", index, "seq"], message: e.message }] })
+
+/** See `fromClaimRejected`. */
+export const fromNotFound = (e: Errors.NotFound) => new ApiError({ status: 404, error: "not_found", message: `${e.entity} ${e.key} does not exist` })
+
+/** A store failure is the server's problem, never the client's: 503 while the database is unreachable, else 500. */
+export const fromStoreError = (e: Errors.StoreError) =>
+  new ApiError({ status: e.reason === "unavailable" ? 503 : 500, error: `store_${e.reason}`, message: "the store could not complete the request; nothing was changed by this request" })
+
+/** True for the core error classes. */
+export const isStoreError = (u: unknown): u is Errors.StoreError => u instanceof Errors.StoreError

@@ -1,0 +1,47 @@
+import { HttpServerRequest } from "@effect/platform"
+import { Store } from "@scanfleet/core"
+import { Effect } from "effect"
+import { ApiError, forbidden, fromStoreError, unauthorized } from "./ApiError.js"
+import { Settings } from "./ServerConfig.js"
+import * as Tokens from "./Tokens.js"
+
+/** The cookie the dashboard keeps the admin token in after `/?token=…`. */
+export const adminCookie = "scanfleet_admin"
+
+const bearer = Effect.map(HttpServerRequest.HttpServerRequest, (req) => Tokens.fromAuthorization(req.headers["authorization"]))
+
+const isAdmin = (token: string) => Effect.map(Settings, (s) => Tokens.equal(token, s.adminToken))
+
+/**
+ * The device behind the bearer token: 401 when missing or unknown (revoked
+ * devices included), 403 when the admin token is used on the Worker API.
+ */
+export const device = Effect.gen(function* () {
+  const token = yield* bearer
+  if (token === null) return yield* Effect.fail(unauthorized("a device bearer token is required (Authorization: Bearer <token>)"))
+  const store = yield* Store.Store
+  const hash = Tokens.hash(token)
+  const d = yield* store.deviceByTokenHash(hash).pipe(Effect.mapError(fromStoreError))
+  if (d !== null) return d
+  if (yield* isAdmin(token)) return yield* Effect.fail(forbidden("the admin token cannot act as a device; register a device with POST /v1/admin/devices"))
+  return yield* Effect.fail(unauthorized("the bearer token matches no registered device (it may have been revoked)"))
+})
+
+/**
+ * Requires the admin token, as a bearer token or (for the dashboard) the
+ * admin cookie: 401 when missing or wrong, 403 when a device token is used.
+ */
+export const admin = (opts: { readonly cookie: boolean }) =>
+  Effect.gen(function* () {
+    const req = yield* HttpServerRequest.HttpServerRequest
+    const token = (yield* bearer) ?? (opts.cookie ? (req.cookies[adminCookie] ?? null) : null)
+    if (token === null) return yield* Effect.fail(unauthorized("the admin token is required (Authorization: Bearer <admin token>)"))
+    if (yield* isAdmin(token)) return
+    const store = yield* Store.Store
+    const d = yield* store.deviceByTokenHash(Tokens.hash(token)).pipe(Effect.mapError(fromStoreError))
+    if (d !== null) return yield* Effect.fail(forbidden("a device token cannot use the admin API"))
+    return yield* Effect.fail(unauthorized("the admin token is wrong"))
+  })
+
+/** Type of a refusal from this module. */
+export type AuthError = ApiError

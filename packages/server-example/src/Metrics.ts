@@ -1,0 +1,127 @@
+import { Store, type Source } from "@scanfleet/core"
+import { Context, Effect, Layer, Runtime } from "effect"
+import { Counter, Gauge, Registry } from "prom-client"
+
+/**
+ * The server's Prometheus metrics. Counters count what passed through this
+ * process's store (progress, expiries, admissions, promotions); gauges read
+ * the shared store at scrape time, so every instance reports the same fleet.
+ */
+export class Metrics extends Context.Tag("@scanfleet/server-example/Metrics")<
+  Metrics,
+  {
+    /** The prom-client registry of this server instance. */
+    readonly registry: Registry
+    /** The exposition text, `text/plain; version=0.0.4`. */
+    readonly text: Effect.Effect<string>
+    /** The content type of `text`. */
+    readonly contentType: string
+  }
+>() {}
+
+/** Builds the registry over a store and returns the store wrapped so its writes are counted. */
+export const make = (store: Store.StoreShape): Effect.Effect<{ readonly service: Context.Tag.Service<Metrics>; readonly store: Store.StoreShape }> =>
+  Effect.gen(function* () {
+    const runtime = yield* Effect.runtime<never>()
+    const run = Runtime.runPromise(runtime)
+    const registry = new Registry()
+    registry.setDefaultLabels({})
+
+    new Gauge({
+      name: "scanfleet_targets",
+      help: "Targets by source and status.",
+      labelNames: ["source", "status"] as const,
+      registers: [registry],
+      async collect() {
+        const rows = await run(store.countTargets().pipe(Effect.orElseSucceed(() => [])))
+        this.reset()
+        for (const r of rows) this.set({ source: r.source, status: r.status }, r.count)
+      }
+    })
+    new Gauge({
+      name: "scanfleet_active_assignments",
+      help: "Active assignments by their last accepted phase (none before the first progress event).",
+      labelNames: ["source", "phase"] as const,
+      registers: [registry],
+      async collect() {
+        const rows = await run(store.listAssignments({ state: "active", limit: 100_000 }).pipe(Effect.orElseSucceed(() => [])))
+        this.reset()
+        const counts = new Map<string, number>()
+        for (const a of rows) {
+          const k = `${a.source}\u0000${a.lastPhase ?? "none"}`
+          counts.set(k, (counts.get(k) ?? 0) + 1)
+        }
+        for (const [k, n] of counts) {
+          const [source, phase] = k.split("\u0000")
+          this.set({ source, phase }, n)
+        }
+      }
+    })
+    const admissions = new Counter({ name: "scanfleet_new_admissions_total", help: "New targets admitted as pending, per source.", labelNames: ["source"] as const, registers: [registry] })
+    const promotions = new Counter({ name: "scanfleet_promotions_total", help: "Completed targets promoted back to pending because they changed, per source.", labelNames: ["source"] as const, registers: [registry] })
+    const expiries = new Counter({ name: "scanfleet_expiries_total", help: "Reservations expired by the sweeper, per source.", labelNames: ["source"] as const, registers: [registry] })
+    const progress = new Counter({ name: "scanfleet_progress_events_total", help: "Progress events received, by acceptance status (accepted or duplicate).", labelNames: ["status"] as const, registers: [registry] })
+    const claims = new Counter({ name: "scanfleet_claims_total", help: "Assignments issued, per source.", labelNames: ["source"] as const, registers: [registry] })
+    const results = new Counter({ name: "scanfleet_results_total", help: "Results accepted, per source and outcome.", labelNames: ["source", "outcome"] as const, registers: [registry] })
+    // Prometheus convention: a counter is visible at 0 before its first increment.
+    progress.inc({ status: "accepted" }, 0)
+    progress.inc({ status: "duplicate" }, 0)
+
+    const instrumented: Store.StoreShape = {
+      ...store,
+      recordObservations: (batch, now) =>
+        Effect.tap(store.recordObservations(batch, now), (r) =>
+          Effect.sync(() => {
+            const inserted = new Set(r.inserted)
+            const seen = new Set<string>()
+            for (const o of batch)
+              if (inserted.has(o.identity) && !seen.has(`${o.source}\u0000${o.identity}`)) {
+                seen.add(`${o.source}\u0000${o.identity}`)
+                admissions.inc({ source: o.source })
+              }
+          })
+        ),
+      promote: (source: Source.Source, rule, now) =>
+        Effect.tap(store.promote(source, rule, now), (r) => Effect.sync(() => r.promoted.length > 0 && promotions.inc({ source }, r.promoted.length))),
+      claim: (req) => Effect.tap(store.claim(req), (a) => Effect.sync(() => a && claims.inc({ source: a.source }))),
+      appendProgress: (auth, events) =>
+        Effect.tap(store.appendProgress(auth, events), (r) =>
+          Effect.sync(() => {
+            for (const x of r.results) progress.inc({ status: x.status })
+          })
+        ),
+      submitResult: (input) =>
+        Effect.tap(store.submitResult(input), (receipt) =>
+          Effect.flatMap(store.getAssignment(input.reservationId).pipe(Effect.option), (a) =>
+            Effect.sync(() => {
+              if (a._tag === "Some" && receipt.acceptedAt === input.now) results.inc({ source: a.value.source, outcome: receipt.outcome })
+            })
+          )
+        ),
+      expireDue: (req) =>
+        Effect.tap(store.expireDue(req), (expired) =>
+          Effect.sync(() => {
+            for (const a of expired) expiries.inc({ source: a.source })
+          })
+        )
+    }
+
+    const service: Context.Tag.Service<Metrics> = {
+      registry,
+      contentType: registry.contentType,
+      text: Effect.promise(() => registry.metrics())
+    }
+    return { service, store: instrumented }
+  })
+
+/**
+ * A layer that replaces the Store in context with its instrumented wrapper
+ * and provides the Metrics service.
+ */
+export const layer: Layer.Layer<Metrics | Store.Store, never, Store.Store> = Layer.effectContext(
+  Effect.gen(function* () {
+    const store = yield* Store.Store
+    const m = yield* make(store)
+    return Context.make(Metrics, m.service).pipe(Context.add(Store.Store, m.store))
+  })
+)

@@ -1,0 +1,149 @@
+import { HttpMiddleware, HttpRouter, HttpServer, HttpServerRequest, HttpServerResponse } from "@effect/platform"
+import type { ServeError } from "@effect/platform/HttpServerError"
+import { NodeHttpServer } from "@effect/platform-node"
+import { Store } from "@scanfleet/core"
+import { Cause, Context, Deferred, Duration, Effect, Layer, Logger, LogLevel, Ref } from "effect"
+import { createServer } from "node:http"
+import * as AdminRoutes from "./AdminRoutes.js"
+import { ApiError, toResponse } from "./ApiError.js"
+import * as Dashboard from "./Dashboard.js"
+import * as Metrics from "./Metrics.js"
+import { type ServerConfig, Settings } from "./ServerConfig.js"
+import * as Sweeper from "./Sweeper.js"
+import * as WorkerRoutes from "./WorkerRoutes.js"
+
+/** Where a running server listens. */
+export class Info extends Context.Tag("@scanfleet/server-example/Server/Info")<
+  Info,
+  {
+    /** Base URL, e.g. `http://127.0.0.1:8080`. */
+    readonly url: string
+    readonly host: string
+    readonly port: number
+  }
+>() {}
+
+/** GET /metrics: Prometheus text exposition. */
+const metricsRoute = Effect.gen(function* () {
+  const m = yield* Metrics.Metrics
+  const text = yield* m.text
+  return HttpServerResponse.text(text, { contentType: m.contentType })
+})
+
+const healthRoute = Effect.succeed(HttpServerResponse.unsafeJson({ ok: true }))
+
+/** Every route of the server. */
+export const router = HttpRouter.concatAll(WorkerRoutes.router, AdminRoutes.router, Dashboard.router).pipe(
+  HttpRouter.get("/metrics", metricsRoute),
+  HttpRouter.get("/healthz", healthRoute)
+)
+
+// Refusals become their JSON body; anything unexpected is logged and answered
+// with a 500 that carries no detail (the log has it).
+const app = router.pipe(
+  Effect.catchTags({
+    ApiError: (e: ApiError) => Effect.succeed(toResponse(e)),
+    RouteNotFound: () =>
+      Effect.succeed(toResponse(new ApiError({ status: 404, error: "route_not_found", message: "no such endpoint; see docs/api for the list" })))
+  }),
+  Effect.catchAllCause((cause) =>
+    Cause.isInterruptedOnly(cause)
+      ? Effect.failCause(cause)
+      : Effect.logError("request failed", cause).pipe(
+          Effect.as(toResponse(new ApiError({ status: 500, error: "internal", message: "the server failed to handle the request; nothing is known to have changed" })))
+        )
+  )
+)
+
+/** Counts requests in flight so shutdown can wait for them. */
+class InFlight extends Context.Tag("@scanfleet/server-example/Server/InFlight")<
+  InFlight,
+  { readonly count: Ref.Ref<number>; readonly idle: Ref.Ref<Deferred.Deferred<void> | null> }
+>() {}
+
+// Structured access log: method, path without the query (which may hold the
+// dashboard token), status and duration. Headers are never logged.
+const accessLog = HttpMiddleware.make((httpApp) =>
+  Effect.gen(function* () {
+    const req = yield* HttpServerRequest.HttpServerRequest
+    const flight = yield* InFlight
+    const start = Date.now()
+    yield* Ref.update(flight.count, (n) => n + 1)
+    return yield* httpApp.pipe(
+      Effect.tap((res) =>
+        Effect.logInfo("http").pipe(
+          Effect.annotateLogs({ method: req.method, path: new URL(req.url, "http://localhost").pathname, status: res.status, ms: Date.now() - start })
+        )
+      ),
+      Effect.ensuring(
+        Effect.gen(function* () {
+          const n = yield* Ref.updateAndGet(flight.count, (x) => x - 1)
+          const d = yield* Ref.get(flight.idle)
+          if (n === 0 && d) yield* Deferred.succeed(d, undefined)
+        })
+      )
+    )
+  })
+)
+
+// Acquired before the HTTP listener, so released after it has stopped
+// accepting: waits (bounded) for requests still in flight before the store
+// below it is closed.
+const drain = Layer.scoped(
+  InFlight,
+  Effect.gen(function* () {
+    const count = yield* Ref.make(0)
+    const idle = yield* Ref.make<Deferred.Deferred<void> | null>(null)
+    yield* Effect.addFinalizer(() =>
+      Effect.gen(function* () {
+        const d = yield* Deferred.make<void>()
+        yield* Ref.set(idle, d)
+        if ((yield* Ref.get(count)) > 0) {
+          yield* Effect.logInfo("waiting for requests in flight")
+          yield* Deferred.await(d).pipe(Effect.timeoutOption(Duration.seconds(30)))
+        }
+        yield* Effect.logInfo("server stopped")
+      })
+    )
+    return { count, idle }
+  })
+)
+
+const logLevels = { debug: LogLevel.Debug, info: LogLevel.Info, warning: LogLevel.Warning, error: LogLevel.Error, none: LogLevel.None } as const
+
+/** Structured JSON logs on stdout at the configured level. */
+export const logger = (level: ServerConfig["logLevel"]): Layer.Layer<never> =>
+  Layer.merge(Logger.json, Logger.minimumLogLevel(logLevels[level]))
+
+/**
+ * The running server as a layer, over any `Store`: the Worker API, the admin
+ * API, the dashboard, `/metrics`, and the expiry sweeper. Releasing the layer
+ * shuts down gracefully: the listener stops accepting, requests in flight
+ * finish, the sweeper stops; the store (provided by the caller) closes after.
+ * The layer also provides the Store it serves (wrapped to count metrics), so
+ * co-located fibers such as a discovery scheduler write through the same counters.
+ *
+ * @example
+ * const live = Server.layer(ServerConfig.make({ adminToken, port: 0 })).pipe(Layer.provide(MemoryStore.layer))
+ */
+export const layer = (config: ServerConfig): Layer.Layer<Info | Metrics.Metrics | Store.Store | Settings, ServeError, Store.Store> => {
+  const listener = NodeHttpServer.layer(() => createServer({ keepAliveTimeout: 5000, requestTimeout: 60_000 }), { host: config.host, port: config.port })
+  const info = Layer.effect(
+    Info,
+    HttpServer.addressWith((address) =>
+      Effect.gen(function* () {
+        if (address._tag !== "TcpAddress") return { url: `unix:${address.path}`, host: address.path, port: 0 }
+        const host = address.hostname.includes(":") ? `[${address.hostname}]` : address.hostname
+        yield* Effect.logInfo("server listening").pipe(Effect.annotateLogs({ url: `http://${host}:${address.port}` }))
+        return { url: `http://${host}:${address.port}`, host: address.hostname, port: address.port }
+      })
+    )
+  )
+  const serve = HttpServer.serve(app, accessLog)
+  const running = Layer.mergeAll(serve, info).pipe(Layer.provide(listener), Layer.provide(drain))
+  return Layer.mergeAll(running, Sweeper.layer(config.sweepIntervalMs)).pipe(
+    Layer.provideMerge(Layer.succeed(Settings, config)),
+    Layer.provideMerge(Metrics.layer),
+    Layer.provide(logger(config.logLevel))
+  )
+}

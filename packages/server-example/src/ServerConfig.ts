@@ -1,0 +1,105 @@
+import { readFileSync } from "node:fs"
+import { Context } from "effect"
+import { z } from "zod"
+
+/**
+ * The server's own settings (not the managed runtime configuration, which
+ * lives in the store): where the database is, where to listen, the admin
+ * token. Read from a JSON file, then overridden by the environment.
+ */
+export const ServerConfigSchema = z
+  .object({
+    /** `sqlite:<path>` or a plain path (SQLite), `postgres://…` (PostgreSQL), or `memory:` (nothing persists). */
+    databaseUrl: z.string().min(1).default("sqlite:./scanfleet.db"),
+    host: z.string().min(1).default("127.0.0.1"),
+    /** 0 picks a free port. */
+    port: z.number().int().min(0).max(65_535).default(8080),
+    /** Bearer token of `/v1/admin/*` and the dashboard; at least 16 characters. */
+    adminToken: z.string().min(16),
+    /** How often the expiry sweeper looks for reservations past their assignment expiry. */
+    sweepIntervalMs: z.number().int().min(10).max(3_600_000).default(1000),
+    /** Upper bound of a JSON request body other than a result, bytes. */
+    maxBodyBytes: z.number().int().min(1024).max(16 * 1024 * 1024).default(256 * 1024),
+    /** Connection pool size for PostgreSQL. */
+    poolSize: z.number().int().min(1).max(200).default(10),
+    logLevel: z.enum(["debug", "info", "warning", "error", "none"]).default("info")
+  })
+  .strict()
+
+/** The server's settings. */
+export type ServerConfig = z.infer<typeof ServerConfigSchema>
+/** Settings as written in a file or passed by a caller; defaults fill the rest. */
+export type ServerConfigInput = z.input<typeof ServerConfigSchema>
+
+/** The environment variables read, and the setting each one overrides. */
+export const envVars = {
+  SCANFLEET_DATABASE_URL: "databaseUrl",
+  SCANFLEET_HOST: "host",
+  SCANFLEET_PORT: "port",
+  SCANFLEET_ADMIN_TOKEN: "adminToken",
+  SCANFLEET_SWEEP_INTERVAL_MS: "sweepIntervalMs",
+  SCANFLEET_POOL_SIZE: "poolSize",
+  SCANFLEET_LOG_LEVEL: "logLevel"
+} as const
+
+const numeric = new Set(["port", "sweepIntervalMs", "poolSize"])
+
+/** A configuration that could not be read; `issues` name the fields. */
+export class ServerConfigError extends Error {
+  constructor(
+    message: string,
+    readonly issues: ReadonlyArray<{ readonly path: ReadonlyArray<string | number>; readonly message: string }>
+  ) {
+    super(message)
+    this.name = "ServerConfigError"
+  }
+}
+
+/** Validates settings given in code, filling the defaults. */
+export const make = (input: ServerConfigInput): ServerConfig => {
+  const parsed = ServerConfigSchema.safeParse(input)
+  if (parsed.success) return parsed.data
+  const issues = parsed.error.issues.map((i) => ({ path: i.path.map((k) => (typeof k === "symbol" ? String(k) : k)), message: i.message }))
+  throw new ServerConfigError(
+    `invalid server configuration: ${issues.map((i) => `${i.path.join(".") || "(root)"}: ${i.message}`).join("; ")}`,
+    issues
+  )
+}
+
+/**
+ * Loads settings: the JSON file (when given, or `SCANFLEET_CONFIG`), then the
+ * `SCANFLEET_*` environment variables on top.
+ *
+ * @example
+ * const config = ServerConfig.load({ file: "scanfleet.json", env: process.env })
+ */
+export const load = (opts: { readonly file?: string | undefined; readonly env?: Record<string, string | undefined>; readonly overrides?: Partial<ServerConfigInput> }): ServerConfig => {
+  const env = opts.env ?? {}
+  const file = opts.file ?? env.SCANFLEET_CONFIG
+  let fromFile: Record<string, unknown> = {}
+  if (file) {
+    let text: string
+    try {
+      text = readFileSync(file, "utf8")
+    } catch (e) {
+      throw new ServerConfigError(`cannot read configuration file ${file}: ${(e as Error).message}`, [])
+    }
+    try {
+      const json: unknown = JSON.parse(text)
+      if (typeof json !== "object" || json === null || Array.isArray(json)) throw new Error("the top level must be an object")
+      fromFile = json as Record<string, unknown>
+    } catch (e) {
+      throw new ServerConfigError(`configuration file ${file} is not a JSON object: ${(e as Error).message}`, [])
+    }
+  }
+  const fromEnv: Record<string, unknown> = {}
+  for (const [name, field] of Object.entries(envVars)) {
+    const v = env[name]
+    if (v === undefined || v === "") continue
+    fromEnv[field] = numeric.has(field) && /^\d+$/.test(v) ? Number(v) : v
+  }
+  return make({ ...fromFile, ...fromEnv, ...opts.overrides } as ServerConfigInput)
+}
+
+/** The settings a running server was started with. */
+export class Settings extends Context.Tag("@scanfleet/server-example/Settings")<Settings, ServerConfig>() {}
