@@ -1,0 +1,166 @@
+import { Clock, Console, Effect, type Either } from "effect"
+import { Discovery, Source, type Config, type Errors, type Store, type Target } from "@scanfleet/core"
+import type { Page, SourceClient, SourceError, SourceRecord } from "./sources/SourceClient.js"
+
+/** The settings of one cycle: its hard bounds and the managed configuration in force. */
+export interface Settings {
+  readonly limits: Discovery.Limits
+  /** The source's promotion budget, cooldown and updated-rescans switch come from here. */
+  readonly config: Config.ManagedConfig
+}
+
+/** The structured log line one cycle emits (also what the durable record holds). */
+export interface LogLine {
+  readonly event: "discovery_cycle"
+  readonly source: Source.Source
+  readonly cycleId: number
+  readonly startedAt: string
+  readonly endedAt: string
+  readonly pages: number
+  readonly results: number
+  readonly malformed: number
+  readonly queued_new_count: number
+  readonly queued_updated_count: number
+  readonly deferred: number
+  readonly stop_reason: Discovery.StopReason
+  readonly error: string | null
+}
+
+// Keeps the newest timestamp when a page names an identity twice, so one batch holds one row per target.
+const dedupe = (records: ReadonlyArray<SourceRecord>): Array<SourceRecord> => {
+  const m = new Map<string, SourceRecord>()
+  for (const r of records) {
+    const seen = m.get(r.identity)
+    if (!seen || (r.remoteAt ?? -Infinity) > (seen.remoteAt ?? -Infinity)) m.set(r.identity, r)
+  }
+  return [...m.values()]
+}
+
+const line = (fields: Record<string, unknown>) => Console.log(JSON.stringify(fields))
+
+/**
+ * Runs one bounded discovery cycle of one source: walks its listings page by
+ * page (recording each page's observations in one batch), stops on the hard
+ * page and result limits (or, with updated rescans disabled, on a page of
+ * only known identities), runs the budgeted promotion, writes the durable
+ * cycle record and emits one JSON log line with the same counts.
+ *
+ * A source failure (malformed page, exhausted retries, a rate limit longer
+ * than allowed) ends the listing with stop reason `error`; what was already
+ * recorded stays, and the promotion still runs over it. Store failures fail
+ * the effect.
+ *
+ * @example
+ * const cycle = yield* DiscoveryCycle.run(client, store, { limits: { maxPages: 10, maxResults: 1000 }, config }, Date.now())
+ */
+export const run = (
+  client: SourceClient,
+  store: Store.StoreShape,
+  settings: Settings,
+  now: number
+): Effect.Effect<Discovery.Cycle, Errors.StoreError> =>
+  Effect.gen(function* () {
+    const source = client.source
+    const policy: Config.SourcePolicy = settings.config.sources[source]
+    const { limits } = settings
+    const clockStart = yield* Clock.currentTimeMillis
+    const inserted = new Set<string>()
+    let pages = 0
+    let results = 0
+    let malformed = 0
+    let stopReason: Discovery.StopReason = "end_of_listing"
+    let error: string | null = null
+
+    listings: for (let listing = 0; listing < client.listings.length; listing++) {
+      let cursor: string | null = null
+      for (;;) {
+        if (pages >= limits.maxPages) {
+          stopReason = "page_limit"
+          break listings
+        }
+        if (results + malformed >= limits.maxResults) {
+          stopReason = "result_limit"
+          break listings
+        }
+        const fetched: Either.Either<Page, SourceError> = yield* Effect.either(client.fetchPage(listing, cursor, now))
+        if (fetched._tag === "Left") {
+          const e = fetched.left
+          stopReason = "error"
+          error = `${client.listings[listing]}: ${e.reason}: ${e.message} (${e.url})`
+          break listings
+        }
+        const page: Page = fetched.right
+        pages++
+        // The result limit is hard: records past it on the last page are not recorded.
+        const room = Math.max(0, limits.maxResults - results - malformed)
+        const records = dedupe(page.records.slice(0, room))
+        const bad = page.malformed.slice(0, Math.max(0, room - records.length))
+        for (const m of bad)
+          yield* line({ event: "malformed_record", source, listing: client.listings[listing], identity: m.identity, reason: m.reason })
+        malformed += bad.length
+        results += records.length
+        let known = 0
+        if (records.length > 0) {
+          const batch: Array<Target.Observation> = records.map((r) => ({ source, identity: r.identity, remoteAt: r.remoteAt }))
+          const recorded = yield* store.recordObservations(batch, now)
+          for (const id of recorded.inserted) inserted.add(id)
+          known = recorded.known
+        }
+        const step = Discovery.nextStep(
+          {
+            pagesFetched: pages,
+            resultsSeen: results + malformed,
+            pageAllKnown: records.length > 0 && known === records.length,
+            hasNext: page.next !== null,
+            updatedRescans: policy.updatedRescans
+          },
+          limits
+        )
+        if (step._tag === "continue") {
+          cursor = page.next
+          continue
+        }
+        stopReason = step.reason
+        // The end of one listing (or a known page in it) moves on to the next listing; the hard limits end the cycle.
+        if (step.reason === "end_of_listing" || step.reason === "known_page") continue listings
+        break listings
+      }
+    }
+
+    const promoteEnabled = policy.updatedRescans && Source.hasRemoteTimestamp(source)
+    const promoted = promoteEnabled
+      ? yield* store.promote(source, { budget: policy.promotionBudget, cooldownMs: policy.cooldownSeconds * 1000 }, now)
+      : { promoted: [], deferred: 0 }
+    const { queuedNewCount, queuedUpdatedCount } = Discovery.counts(inserted, new Set(promoted.promoted))
+    const clockEnd = yield* Clock.currentTimeMillis
+    const cycle = yield* store.recordCycle({
+      source,
+      startedAt: now,
+      endedAt: now + Math.max(0, clockEnd - clockStart),
+      pages,
+      results,
+      malformed,
+      queuedNewCount,
+      queuedUpdatedCount,
+      deferredCount: promoted.deferred,
+      stopReason,
+      error
+    })
+    const log: LogLine = {
+      event: "discovery_cycle",
+      source,
+      cycleId: cycle.id,
+      startedAt: new Date(cycle.startedAt).toISOString(),
+      endedAt: new Date(cycle.endedAt).toISOString(),
+      pages: cycle.pages,
+      results: cycle.results,
+      malformed: cycle.malformed,
+      queued_new_count: cycle.queuedNewCount,
+      queued_updated_count: cycle.queuedUpdatedCount,
+      deferred: cycle.deferredCount,
+      stop_reason: cycle.stopReason,
+      error: cycle.error
+    }
+    yield* line({ ...log })
+    return cycle
+  })
