@@ -201,8 +201,8 @@ describe("GitLab client", () => {
       const now = Date.now()
       for (let i = 0; i < 3; i++) fakes.gitlab.put(`g/p${i}`, now - i * HOUR)
       const stripped = new (class extends FakeSources.FakeGitLab {
-        protected override route(req: Parameters<FakeSources.FakeGitLab["route"]>[0], url: URL, body: string) {
-          const r = super.route(req, url, body)
+        protected override route(req: Parameters<FakeSources.FakeGitLab["route"]>[0], url: URL): FakeSources.Reply | null {
+          const r = super.route(req, url)
           if (r === null) return r
           const { link: _drop, ...headers } = r.headers ?? {}
           return { ...r, headers }
