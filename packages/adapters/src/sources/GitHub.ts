@@ -83,7 +83,7 @@ export const make = (settings: Settings): Effect.Effect<SourceClient, never, Htt
             items,
             RepositorySchema,
             (r) => ({ identity: r.full_name, rawRemoteAt: r.pushed_at }),
-            ["full_name", "id", "name"],
+            ["full_name", "name", "id"],
             now
           )
           const link = SourceHttp.nextLink(res.headers["link"])

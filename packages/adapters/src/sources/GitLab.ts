@@ -58,7 +58,7 @@ export const make = (settings: Settings = {}): Effect.Effect<SourceClient, never
             page.data,
             ProjectSchema,
             (p) => ({ identity: p.path_with_namespace, rawRemoteAt: p.last_activity_at }),
-            ["path_with_namespace", "id", "name"],
+            ["path_with_namespace", "name", "id"],
             now
           )
           let next: string | null = SourceHttp.nextLink(res.headers["link"])
