@@ -1,2 +1,10 @@
-/** @scanfleet/worker */
-export {}
+/** @scanfleet/worker: the worker device, its hard scan-stage watchdog, journal, outbox and CLI. */
+export * as Cli from "./Cli.js"
+export * as Client from "./Client.js"
+export * as ExecutionUnit from "./ExecutionUnit.js"
+export * as LocalState from "./LocalState.js"
+export * as Outbox from "./Outbox.js"
+export * as Permits from "./Permits.js"
+export * as ProcessTree from "./ProcessTree.js"
+export * as Scanner from "./Scanner.js"
+export * as Supervisor from "./Supervisor.js"

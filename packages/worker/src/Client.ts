@@ -1,0 +1,91 @@
+import { PhaseModel, WorkerApi } from "@scanfleet/core"
+import { Data } from "effect"
+import type { z } from "zod"
+
+/**
+ * The Worker API client. Every response is parsed with core's contract
+ * schemas. Failures come in two kinds: the server could not be reached (or
+ * answered as if overloaded), which the outbox retries; and the server refused
+ * the request, which no retry will change.
+ */
+
+/** The server could not be reached, timed out, or answered 5xx/408/429/401; retrying may help. */
+export class ApiUnreachable extends Data.TaggedError("ApiUnreachable")<{ readonly message: string; readonly status?: number }> {}
+
+/** The server refused the request (4xx) with its error body; retrying will not help. */
+export class ApiRefused extends Data.TaggedError("ApiRefused")<{
+  readonly status: number
+  readonly error: string
+  readonly message: string
+}> {}
+
+/** A Worker API client for one device. */
+export interface Client {
+  /** Claims an assignment for a slot; null when nothing is pending. */
+  readonly claim: (slot: number) => Promise<WorkerApi.AssignmentView | null>
+  /** Submits progress events (idempotent by sequence). */
+  readonly progress: (reservationId: number, fence: number, events: ReadonlyArray<PhaseModel.Event>) => Promise<z.infer<typeof WorkerApi.ProgressResponse>>
+  /** Uploads the result; returns the receipt (a resubmission returns the original one). */
+  readonly result: (reservationId: number, body: z.infer<typeof WorkerApi.ResultRequest>) => Promise<z.infer<typeof WorkerApi.Receipt>>
+  /** Reads one of the device's own assignments. */
+  readonly get: (reservationId: number) => Promise<WorkerApi.AssignmentView>
+}
+
+/** Client options. */
+export interface Options {
+  /** Base URL, for example `http://127.0.0.1:8080`. */
+  readonly server: string
+  /** The device's bearer token. */
+  readonly token: string
+  /** Per-request timeout, milliseconds (default 10 s). */
+  readonly timeoutMs?: number
+}
+
+// 401 is retried too: a token being rotated must not make the outbox give up on events.
+const retryable = (status: number) => status >= 500 || status === 408 || status === 429 || status === 401
+
+/**
+ * Makes a client.
+ *
+ * @example
+ * const api = Client.make({ server: "http://127.0.0.1:8080", token: process.env.SCANFLEET_TOKEN! })
+ */
+export const make = (opts: Options): Client => {
+  const base = opts.server.replace(/\/+$/, "")
+  const call = async <S extends z.ZodType>(method: "GET" | "POST", path: string, body: unknown, schema: S): Promise<z.infer<S>> => {
+    let res: Response
+    try {
+      res = await fetch(`${base}${path}`, {
+        method,
+        headers: { authorization: `Bearer ${opts.token}`, ...(body !== undefined ? { "content-type": "application/json" } : {}) },
+        body: body !== undefined ? JSON.stringify(body) : undefined,
+        signal: AbortSignal.timeout(opts.timeoutMs ?? 10_000)
+      })
+    } catch (e) {
+      throw new ApiUnreachable({ message: `${method} ${path}: ${(e as Error).cause ?? (e as Error).message}` })
+    }
+    const text = await res.text().catch(() => "")
+    if (!res.ok) {
+      if (retryable(res.status)) throw new ApiUnreachable({ message: `${method} ${path}: HTTP ${res.status}`, status: res.status })
+      let parsed: WorkerApi.ErrorBody | null = null
+      try {
+        parsed = WorkerApi.ErrorBody.parse(JSON.parse(text))
+      } catch {
+        parsed = null
+      }
+      throw new ApiRefused({ status: res.status, error: parsed?.error ?? `http_${res.status}`, message: parsed?.message ?? text.slice(0, 500) })
+    }
+    try {
+      return schema.parse(JSON.parse(text))
+    } catch (e) {
+      // A body that is not the contract's (a proxy's error page, say): treat it as a transient failure.
+      throw new ApiUnreachable({ message: `${method} ${path}: response does not match the contract: ${(e as Error).message.slice(0, 300)}` })
+    }
+  }
+  return {
+    claim: async (slot) => (await call("POST", "/v1/assignments/claim", { slot }, WorkerApi.ClaimResponse)).assignment,
+    progress: (id, fence, events) => call("POST", `/v1/assignments/${id}/progress`, { fence, events }, WorkerApi.ProgressResponse),
+    result: (id, body) => call("POST", `/v1/assignments/${id}/result`, body, WorkerApi.Receipt),
+    get: (id) => call("GET", `/v1/assignments/${id}`, undefined, WorkerApi.AssignmentView)
+  }
+}

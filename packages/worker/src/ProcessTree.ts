@@ -1,0 +1,131 @@
+import { readdirSync, readFileSync } from "node:fs"
+
+/**
+ * Process groups as the watchdog sees them. On Linux it reads /proc, so it can
+ * tell a live member from a zombie and a recycled pid from the runner it
+ * started; elsewhere it falls back to `kill(-pgid, 0)`.
+ */
+
+/** One process as /proc/<pid>/stat describes it. */
+export interface ProcStat {
+  readonly pid: number
+  readonly ppid: number
+  readonly pgid: number
+  readonly state: string
+  readonly startTime: string
+}
+
+const hasProc = (() => {
+  try {
+    readdirSync("/proc/self")
+    return true
+  } catch {
+    return false
+  }
+})()
+
+/** Reads one process's stat line; null when it is gone. */
+export const stat = (pid: number): ProcStat | null => {
+  try {
+    const line = readFileSync(`/proc/${pid}/stat`, "utf8")
+    // The command name may hold spaces and parentheses: split after the last ')'.
+    const rest = line.slice(line.lastIndexOf(")") + 2).split(" ")
+    return { pid, state: rest[0], ppid: Number(rest[1]), pgid: Number(rest[2]), startTime: rest[19] }
+  } catch {
+    return null
+  }
+}
+
+/** Every process visible in /proc. */
+export const all = (): ReadonlyArray<ProcStat> => {
+  if (!hasProc) return []
+  const out: Array<ProcStat> = []
+  for (const name of readdirSync("/proc")) {
+    if (!/^\d+$/.test(name)) continue
+    const s = stat(Number(name))
+    if (s) out.push(s)
+  }
+  return out
+}
+
+/** The start time of a process (clock ticks since boot), to recognise it after a restart. */
+export const startTime = (pid: number): string | null => stat(pid)?.startTime ?? null
+
+/** Live (non-zombie) members of a process group. */
+export const members = (pgid: number): ReadonlyArray<number> => {
+  if (hasProc) return all().filter((p) => p.pgid === pgid && p.state !== "Z" && p.state !== "X").map((p) => p.pid)
+  try {
+    process.kill(-pgid, 0)
+    return [pgid]
+  } catch {
+    return []
+  }
+}
+
+/** Every live descendant of a process (children, grandchildren, ...). */
+export const descendants = (pid: number): ReadonlyArray<number> => {
+  const procs = all().filter((p) => p.state !== "Z" && p.state !== "X")
+  const out: Array<number> = []
+  const queue = [pid]
+  while (queue.length > 0) {
+    const parent = queue.shift()!
+    for (const p of procs) if (p.ppid === parent && !out.includes(p.pid)) (out.push(p.pid), queue.push(p.pid))
+  }
+  return out
+}
+
+/** Sends a signal to a whole group; a group that is already gone is not an error. */
+export const signalGroup = (pgid: number, signal: NodeJS.Signals): boolean => {
+  try {
+    process.kill(-pgid, signal)
+    return true
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === "ESRCH") return false
+    throw e
+  }
+}
+
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms))
+
+/** Waits until a group has no live member, up to `ms`; true when it emptied. */
+export const waitEmpty = async (pgid: number, ms: number): Promise<boolean> => {
+  const until = Date.now() + ms
+  for (;;) {
+    if (members(pgid).length === 0) return true
+    if (Date.now() >= until) return false
+    await sleep(10)
+  }
+}
+
+/**
+ * Ends a process group: SIGTERM first unless the scanner treats it as
+ * "restart", SIGKILL after the grace period, then waits (bounded) until no
+ * member is alive. Returns how it went, for the journal.
+ */
+export const terminate = async (
+  pgid: number,
+  opts: { readonly graceMs: number; readonly sigterm: boolean }
+): Promise<{ readonly signals: ReadonlyArray<NodeJS.Signals>; readonly survivors: ReadonlyArray<number> }> => {
+  const signals: Array<NodeJS.Signals> = []
+  if (opts.sigterm) {
+    if (signalGroup(pgid, "SIGTERM")) signals.push("SIGTERM")
+    if (await waitEmpty(pgid, opts.graceMs)) return { signals, survivors: [] }
+  }
+  if (signalGroup(pgid, "SIGKILL")) signals.push("SIGKILL")
+  await waitEmpty(pgid, 1000)
+  return { signals, survivors: members(pgid) }
+}
+
+/**
+ * Kills what is left of a runner group from a previous run of the controller,
+ * unless its leader's pid now belongs to another process (a recycled pid).
+ */
+export const killStale = async (runner: { readonly pgid: number; readonly startTime: string | null }): Promise<ReadonlyArray<number>> => {
+  const leader = stat(runner.pgid)
+  if (leader && runner.startTime !== null && leader.startTime !== runner.startTime && leader.state !== "Z") return []
+  const found = members(runner.pgid)
+  if (found.length === 0) return []
+  signalGroup(runner.pgid, "SIGKILL")
+  await waitEmpty(runner.pgid, 1000)
+  return found
+}

@@ -1,0 +1,400 @@
+import { Deadline, PhaseModel, WorkerApi } from "@scanfleet/core"
+import { existsSync } from "node:fs"
+import { mkdir, mkdtemp, readFile, rm } from "node:fs/promises"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import type { z } from "zod"
+import * as Client from "./Client.js"
+import * as ExecutionUnit from "./ExecutionUnit.js"
+import * as LocalState from "./LocalState.js"
+import * as Outbox from "./Outbox.js"
+import * as Permits from "./Permits.js"
+import * as ProcessTree from "./ProcessTree.js"
+import * as Scanner from "./Scanner.js"
+
+/**
+ * The device controller: it claims assignments for its slots, runs each scan
+ * stage as a supervised execution unit under the hard target-scan deadline,
+ * journals every phase before acting on it, hands events and results to the
+ * outbox, and on start recovers whatever a previous run left behind.
+ */
+
+/** Something the controller did, for logs, tests and benchmarks. */
+export type DeviceEvent =
+  | { readonly type: "claimed"; readonly slot: number; readonly reservationId: number; readonly at: number }
+  | {
+      readonly type: "slot_freed"
+      readonly slot: number
+      readonly reservationId: number
+      readonly at: number
+      readonly end: ExecutionUnit.End["kind"]
+      /** The local target-scan deadline of the assignment. */
+      readonly scanDeadline: number
+    }
+  | { readonly type: "recovered"; readonly reservationId: number; readonly phase: PhaseModel.Phase | null; readonly killed: ReadonlyArray<number> }
+  | { readonly type: "delivered"; readonly reservationId: number; readonly delivered: Outbox.Delivered }
+  | { readonly type: "retry"; readonly reservationId: number; readonly message: string }
+  | { readonly type: "error"; readonly message: string }
+
+/** Device options. */
+export interface Options {
+  /** Worker API base URL. */
+  readonly server: string
+  /** The device's bearer token. */
+  readonly token: string
+  /** Number of slots (concurrent assignments). */
+  readonly slots: number
+  /** The scanner plug-in. */
+  readonly scanner: Scanner.ParsedSpec
+  /** Path of the SQLite state file. */
+  readonly state: string
+  /** Scan permits: how many scanners may run at once (default: one per slot). */
+  readonly permits?: number
+  /** SIGTERM → SIGKILL grace at the deadline, milliseconds (default 2000). */
+  readonly graceMs?: number
+  /** Wait between claims when nothing is pending, milliseconds (default 1000). */
+  readonly pollMs?: number
+  /** Where work directories are created (default the OS temp dir). */
+  readonly workRoot?: string
+  /** Time a clean shutdown waits for the outbox, milliseconds (default 3000). */
+  readonly drainMs?: number
+  /** Outbox backoff bounds, milliseconds. */
+  readonly minBackoffMs?: number
+  readonly maxBackoffMs?: number
+  /** Receives every device event (default: JSON lines on stderr for errors and retries only). */
+  readonly onEvent?: (e: DeviceEvent) => void
+  /** Overrides the execution-unit script (tests). */
+  readonly childPath?: string
+}
+
+/** A running device. */
+export interface Device {
+  readonly state: LocalState.LocalState
+  /** Stops claiming, ends running units (their groups are killed), flushes the outbox for a while and closes the state. */
+  readonly stop: () => Promise<void>
+}
+
+const LOG_MAX = 60_000
+
+/** Builds a result body within the contract's bounds, saying in the log what was cut. */
+const resultBody = (
+  fence: number,
+  outcome: WorkerApi.AssignmentView["outcome"] & string,
+  finalPhase: PhaseModel.Phase | null,
+  findings: ReadonlyArray<Record<string, unknown>>,
+  log: string
+): z.infer<typeof WorkerApi.ResultRequest> => {
+  let kept = findings.slice(0, 10_000)
+  let note = kept.length < findings.length ? `\n[${findings.length - kept.length} findings cut at the 10,000 limit]` : ""
+  const budget = WorkerApi.maxResultBytes - 70_000
+  while (kept.length > 0 && Buffer.byteLength(JSON.stringify(kept)) > budget) {
+    const half = Math.floor(kept.length / 2)
+    note = `\n[findings cut to ${half} of ${findings.length} to fit the result size limit]`
+    kept = kept.slice(0, half)
+  }
+  let text = log + note
+  if (text.length > LOG_MAX) text = text.slice(text.length - LOG_MAX)
+  return { fence, outcome, finalPhase, findings: kept as Array<Record<string, unknown>>, log: text }
+}
+
+const clockIso = (ms: number) => new Date(ms).toISOString()
+
+/**
+ * Starts a device: recovery first, then one claim loop per slot.
+ *
+ * @example
+ * const device = await Supervisor.start({
+ *   server: "http://127.0.0.1:8080", token, slots: 2, state: "./worker.db", scanner: Scanner.demo()
+ * })
+ * process.on("SIGTERM", () => void device.stop())
+ */
+export const start = async (opts: Options): Promise<Device> => {
+  const emit = opts.onEvent ?? ((e: DeviceEvent) => {
+    if (e.type === "error" || e.type === "retry") process.stderr.write(`${JSON.stringify({ at: new Date().toISOString(), ...e })}\n`)
+  })
+  const state = await LocalState.open(opts.state)
+  const client = Client.make({ server: opts.server, token: opts.token })
+  const permits = Permits.make(opts.permits ?? opts.slots)
+  const graceMs = opts.graceMs ?? 2000
+  const pollMs = opts.pollMs ?? 1000
+  const workRoot = opts.workRoot ?? tmpdir()
+  const stageDir = `${opts.state}.stage`
+  await mkdir(stageDir, { recursive: true })
+  const stopUnits = new AbortController()
+  let stopping = false
+  let wakeSleepers: Array<() => void> = []
+
+  const sleep = (ms: number) =>
+    new Promise<void>((r) => {
+      const t = setTimeout(done, ms)
+      function done() {
+        clearTimeout(t)
+        wakeSleepers = wakeSleepers.filter((w) => w !== done)
+        r()
+      }
+      wakeSleepers.push(done)
+    })
+
+  const mustGet = async (id: number) => {
+    const a = await state.assignment(id)
+    if (a === null) throw new Error(`assignment ${id} vanished from the local state`)
+    return a
+  }
+
+  const onResult = async (id: number, d: Outbox.Delivered) => {
+    const a = await mustGet(id)
+    const terminal = a.phase !== null && PhaseModel.isTerminal(a.phase)
+    if (!terminal) {
+      // The server closed the reservation with the result, so this last event stays local.
+      if (d.kind === "accepted") await state.append(id, { kind: "phase", phase: "completed", at: Date.now(), detail: `receipt ${d.receipt.receiptId}` }, "local")
+      else await state.append(id, { kind: "phase", phase: "failed", at: Date.now(), detail: d.message }, "local")
+    }
+    const after = await mustGet(id)
+    await state.putAssignment({
+      ...after,
+      status: "done",
+      receipt: d.kind === "accepted" ? d.receipt : after.receipt,
+      note: d.kind === "accepted" ? after.note : d.message
+    })
+    emit({ type: "delivered", reservationId: id, delivered: d })
+  }
+
+  const outbox = Outbox.start({
+    state,
+    client,
+    ...(opts.minBackoffMs !== undefined ? { minBackoffMs: opts.minBackoffMs } : {}),
+    ...(opts.maxBackoffMs !== undefined ? { maxBackoffMs: opts.maxBackoffMs } : {}),
+    onResult,
+    onRetry: (reservationId, message) => emit({ type: "retry", reservationId, message })
+  })
+
+  const append = async (id: number, phase: PhaseModel.Phase, detail?: string, kind: "phase" | "recovered" = "phase") => {
+    const e = await state.append(id, { kind, phase, at: Date.now(), ...(detail !== undefined ? { detail } : {}) })
+    outbox.notify()
+    return e
+  }
+
+  /** Ends an assignment whose scan stage stopped early: a terminal event, then the result. */
+  const finishEarly = async (
+    id: number,
+    terminal: "timed_out" | "failed",
+    outcome: "killed_at_deadline" | "scan_error",
+    finalPhase: PhaseModel.Phase | null,
+    log: string
+  ) => {
+    const e = await append(id, terminal, log.slice(0, 1000))
+    const a = await mustGet(id)
+    await state.putResult({ reservationId: id, afterSeq: e.seq, body: resultBody(a.fence, outcome, finalPhase, [], log) })
+    await state.putAssignment({ ...a, status: "delivering", outcome, finalPhase })
+    outbox.notify()
+  }
+
+  /** Runs the upload stage's local part: bundle the result, queue it, and wait for the receipt. */
+  const finishThroughUpload = async (id: number, outcome: Exclude<z.infer<typeof WorkerApi.Receipt>["outcome"], "killed_at_deadline">, finalPhase: PhaseModel.Phase | null, staged: { findings: ReadonlyArray<Record<string, unknown>>; log: string }) => {
+    const started = await mustGet(id)
+    if (started.phase === null || PhaseModel.canTransition(started.phase, "bundling")) await append(id, "bundling")
+    const a = await mustGet(id)
+    const body = resultBody(a.fence, outcome, finalPhase, staged.findings, staged.log)
+    if (a.phase !== "uploading" && a.phase !== "awaiting_receipt") await append(id, "uploading")
+    const cur = await mustGet(id)
+    const waiting = cur.phase === "awaiting_receipt" ? cur.lastSeq : (await append(id, "awaiting_receipt")).seq
+    await state.putResult({ reservationId: id, afterSeq: waiting, body })
+    await state.putAssignment({ ...(await mustGet(id)), status: "delivering", outcome, finalPhase })
+    if (a.stageFile) await rm(a.stageFile, { force: true })
+    outbox.notify()
+  }
+
+  const spec = opts.scanner
+
+  const execute = async (slot: number, view: WorkerApi.AssignmentView) => {
+    const id = view.reservationId
+    const now = Date.now()
+    const offset = now - view.serverNow
+    const deadlines = {
+      scan: view.deadlines.targetScan.at + offset,
+      upload: view.deadlines.resultUpload.at + offset,
+      expiry: view.deadlines.assignmentExpiry.at + offset
+    }
+    const workDir = await mkdtemp(join(workRoot, `scanfleet-r${id}-`))
+    const stageFile = join(stageDir, `r${id}.json`)
+    const record: LocalState.AssignmentRecord = {
+      reservationId: id,
+      slot,
+      fence: view.fence,
+      view,
+      clockOffsetMs: offset,
+      deadlines,
+      status: "running",
+      phase: null,
+      lastSeq: 0,
+      runner: null,
+      tmpDir: workDir,
+      stageFile,
+      outcome: null,
+      finalPhase: null,
+      receipt: null,
+      note: null
+    }
+    await state.putAssignment(record)
+    await state.putSlot({ slot, reservationId: id, updatedAt: now })
+    emit({ type: "claimed", slot, reservationId: id, at: now })
+    await append(id, "assigned", `${view.target.source}:${view.target.identity}`.slice(0, 1000))
+    const vars = { source: view.target.source, identity: view.target.identity, workDir, targetId: view.target.id }
+    const end = await ExecutionUnit.run({
+      job: {
+        reservationId: id,
+        target: { id: view.target.id, source: view.target.source, identity: view.target.identity },
+        workDir,
+        stageFile,
+        scanner: spec,
+        args: spec.kind === "command" ? Scanner.expand(spec.args, vars) : [],
+        acquireArgs: spec.kind === "command" && spec.acquire ? Scanner.expand(spec.acquire.args, vars) : [],
+        scanDeadline: deadlines.scan
+      },
+      deadline: deadlines.scan,
+      graceMs,
+      permits,
+      signal: stopUnits.signal,
+      ...(opts.childPath !== undefined ? { childPath: opts.childPath } : {}),
+      onSpawn: async (runner) => {
+        await state.putAssignment({ ...(await mustGet(id)), runner })
+      },
+      onPhase: async (phase, at) => {
+        await state.append(id, { kind: "phase", phase, at })
+        outbox.notify()
+      }
+    })
+    // The unit and its group are gone: release what it held locally.
+    await rm(workDir, { recursive: true, force: true })
+    await state.putAssignment({ ...(await mustGet(id)), runner: null, tmpDir: null })
+    switch (end.kind) {
+      case "deadline":
+        await finishEarly(
+          id,
+          "timed_out",
+          "killed_at_deadline",
+          end.phase,
+          `the target-scan deadline (${clockIso(view.deadlines.targetScan.at)}) fired during ${end.phase}; ` +
+            `sent ${end.signals.join(", ") || "nothing (the group had already ended)"} to the runner's process group` +
+            (end.scannerStarted ? "" : "; the scanner never started") +
+            (end.survivors.length > 0 ? `; survivors: ${end.survivors.join(", ")}` : "")
+        )
+        break
+      case "stopped":
+        await finishEarly(id, "failed", "scan_error", end.phase, `the device shut down during ${end.phase}; the runner's process group was killed`)
+        break
+      case "failed":
+        await finishThroughUpload(id, "scan_error", end.phase, { findings: [], log: end.message })
+        break
+      case "staged": {
+        const outcome = Scanner.classify(spec, end.staged)
+        await finishThroughUpload(id, outcome === "killed_at_deadline" ? "scan_error" : outcome, end.phase, end.staged)
+        break
+      }
+    }
+    await state.putSlot({ slot, reservationId: null, updatedAt: Date.now() })
+    emit({ type: "slot_freed", slot, reservationId: id, at: Date.now(), end: end.kind, scanDeadline: deadlines.scan })
+  }
+
+  /** Finishes what a previous run of the controller left: one `recovered` event per open timeline. */
+  const recover = async () => {
+    for (const a of await state.assignments({ open: true })) {
+      const killed = a.runner ? await ProcessTree.killStale(a.runner) : []
+      if (a.tmpDir) await rm(a.tmpDir, { recursive: true, force: true })
+      // A crash between persisting the claim and its first event: the timeline starts now.
+      if (a.phase === null) await append(a.reservationId, "assigned", `${a.view.target.source}:${a.view.target.identity}`.slice(0, 1000))
+      const phaseNow = (await mustGet(a.reservationId)).phase
+      const terminal = phaseNow !== null && PhaseModel.isTerminal(phaseNow)
+      if (phaseNow !== null && !terminal) {
+        await append(
+          a.reservationId,
+          phaseNow,
+          `the controller restarted during ${phaseNow}` + (a.runner ? `; ${killed.length} surviving process(es) of group ${a.runner.pgid} killed` : ""),
+          "recovered"
+        )
+      }
+      const cur = await mustGet(a.reservationId)
+      await state.putAssignment({ ...cur, runner: null, tmpDir: null })
+      emit({ type: "recovered", reservationId: a.reservationId, phase: a.phase, killed })
+      if (a.status !== "running" || terminal) continue
+      // A scan stage that staged its result before the crash resumes at the upload stage.
+      let staged: Scanner.Staged | null = null
+      if (a.stageFile && existsSync(a.stageFile)) {
+        try {
+          staged = Scanner.StagedSchema.parse(JSON.parse(await readFile(a.stageFile, "utf8")))
+        } catch {
+          staged = null
+        }
+      }
+      const phase = phaseNow ?? "assigned"
+      if (staged !== null) {
+        const outcome = Scanner.classify(spec, staged)
+        await finishThroughUpload(a.reservationId, outcome === "killed_at_deadline" ? "scan_error" : outcome, "staging", staged)
+      } else if (Date.now() >= a.deadlines.scan) {
+        await finishEarly(a.reservationId, "timed_out", "killed_at_deadline", phase, `the target-scan deadline passed while the controller was down; the scan stage ended during ${phase}`)
+      } else {
+        await finishEarly(a.reservationId, "failed", "scan_error", phase, `the controller restarted during ${phase}; the execution unit was lost`)
+      }
+    }
+    for (const s of await state.slots()) if (s.reservationId !== null) await state.putSlot({ ...s, reservationId: null, updatedAt: Date.now() })
+  }
+
+  const slotLoop = async (slot: number) => {
+    let backoff = 0
+    while (!stopping) {
+      let view: WorkerApi.AssignmentView | null
+      try {
+        view = await client.claim(slot)
+        backoff = 0
+      } catch (e) {
+        if (!(e instanceof Client.ApiRefused)) {
+          backoff = Math.min(Math.max(backoff * 2, 200), 5000)
+          emit({ type: "retry", reservationId: 0, message: `claim for slot ${slot}: ${(e as Error).message}` })
+          await sleep(backoff)
+        } else await sleep(pollMs)
+        continue
+      }
+      if (view === null) {
+        await sleep(pollMs)
+        continue
+      }
+      try {
+        await execute(slot, view)
+      } catch (e) {
+        emit({ type: "error", message: `slot ${slot}, reservation ${view.reservationId}: ${(e as Error).stack ?? e}` })
+        await sleep(pollMs)
+      }
+    }
+  }
+
+  await recover()
+  for (let slot = 0; slot < opts.slots; slot++) {
+    const known = (await state.slots()).find((s) => s.slot === slot)
+    if (!known) await state.putSlot({ slot, reservationId: null, updatedAt: Date.now() })
+  }
+  const loops = Array.from({ length: opts.slots }, (_, slot) => slotLoop(slot))
+
+  let stopped: Promise<void> | null = null
+  return {
+    state,
+    stop: () =>
+      (stopped ??= (async () => {
+        stopping = true
+        stopUnits.abort()
+        for (const w of wakeSleepers) w()
+        await Promise.all(loops)
+        await outbox.drain(opts.drainMs ?? 3000)
+        await outbox.stop()
+        await state.close()
+      })())
+  }
+}
+
+/** Labels the three deadlines of an assignment by meaning, with time remaining at `now` (device clock). */
+export const describeDeadlines = (a: LocalState.AssignmentRecord, now: number) => {
+  const d = { issuedAt: a.view.issuedAt + a.clockOffsetMs, scanDeadline: a.deadlines.scan, uploadDeadline: a.deadlines.upload, expiresAt: a.deadlines.expiry }
+  return {
+    rows: (["scanDeadline", "uploadDeadline", "expiresAt"] as const).map((w) => ({ which: w, label: Deadline.labels[w], at: d[w], remainingMs: d[w] - now })),
+    next: Deadline.next(d, now)
+  }
+}

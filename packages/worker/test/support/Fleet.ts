@@ -1,0 +1,115 @@
+import { Config, MemoryStore, Store } from "@scanfleet/core"
+import * as Server from "../../../server-example/src/Server.js"
+import * as ServerConfig from "../../../server-example/src/ServerConfig.js"
+import { Layer, ManagedRuntime } from "effect"
+import { createServer, Socket, type Server as NetServer } from "node:net"
+
+/**
+ * The real scanfleet server (server-example over the in-memory store) on
+ * loopback, configured with deadlines short enough for tests, plus a TCP
+ * proxy that can play an unreachable network.
+ */
+
+const adminToken = "worker-tests-admin-token-0123456789"
+
+/** A running server with a registered device. */
+export interface Fleet {
+  readonly url: string
+  readonly token: string
+  readonly deviceId: number
+  /** Adds pending github targets. */
+  readonly seed: (identities: ReadonlyArray<string>) => Promise<void>
+  /** The server's accepted timeline of a reservation. */
+  readonly timeline: (reservationId: number) => Promise<ReadonlyArray<{ seq: number; kind: string; phase: string; at: number; detail?: string; acceptedAt: number }>>
+  /** The server's view of a reservation. */
+  readonly assignment: (reservationId: number) => Promise<{ state: string; outcome: string | null; finalPhase: string | null; expiresAt: number; lastSeq: number }>
+  readonly close: () => Promise<void>
+}
+
+/** Starts the server with a target-scan timeout of `scanSeconds` for github. */
+export const start = async (opts: { readonly scanSeconds: number; readonly uploadSeconds?: number; readonly ttlSeconds?: number; readonly slots?: number }): Promise<Fleet> => {
+  const config = ServerConfig.make({ adminToken, host: "127.0.0.1", port: 0, sweepIntervalMs: 100, logLevel: "none", databaseUrl: "memory:" })
+  const rt = ManagedRuntime.make(Server.layer(config).pipe(Layer.provide(MemoryStore.layer)))
+  const info = await rt.runPromise(Server.Info)
+  const store = await rt.runPromise(Store.Store)
+  const admin = async (path: string, body: unknown) => {
+    const res = await fetch(info.url + path, { method: "POST", headers: { authorization: `Bearer ${adminToken}`, "content-type": "application/json" }, body: JSON.stringify(body) })
+    const json = (await res.json()) as any
+    if (res.status >= 300) throw new Error(`${path}: ${res.status} ${JSON.stringify(json)}`)
+    return json
+  }
+  const doc: Config.ManagedConfig = {
+    ...Config.defaults,
+    // github (the tests' source) runs on the short global TTL; the other sources keep their long defaults under overrides.
+    assignments: {
+      globalTtlSeconds: opts.ttlSeconds ?? 60,
+      handoffMarginSeconds: 1,
+      overrides: { gitlab: { ttlSeconds: 7200 }, huggingface: { ttlSeconds: 7200 }, dockerhub: { ttlSeconds: 7200 } }
+    },
+    sources: { ...Config.defaults.sources, github: { ...Config.defaults.sources.github, scanTimeoutSeconds: opts.scanSeconds, uploadTimeoutSeconds: opts.uploadSeconds ?? 10 } }
+  }
+  await admin("/v1/admin/config/apply", doc)
+  const dev = await admin("/v1/admin/devices", { name: "test-device", slots: opts.slots ?? 4 })
+  return {
+    url: info.url,
+    token: dev.token,
+    deviceId: dev.device.id,
+    seed: (ids) => rt.runPromise(store.recordObservations(ids.map((identity) => ({ source: "github" as const, identity, remoteAt: null })), Date.now())).then(() => {}),
+    timeline: (id) => rt.runPromise(store.timeline(id)) as any,
+    assignment: (id) => rt.runPromise(store.getAssignment(id)),
+    close: () => rt.dispose()
+  }
+}
+
+/** A TCP proxy in front of a server; `down()` refuses and cuts every connection until `up()`. */
+export interface Proxy {
+  readonly url: string
+  readonly down: () => Promise<void>
+  readonly up: () => Promise<void>
+  readonly close: () => Promise<void>
+}
+
+/** Starts a proxy to `target` (an http://host:port URL). */
+export const proxy = async (target: string): Promise<Proxy> => {
+  const t = new URL(target)
+  const sockets = new Set<Socket>()
+  let port = 0
+  const listen = () =>
+    new Promise<NetServer>((resolve) => {
+      const srv = createServer((client) => {
+        const upstream = new Socket()
+        sockets.add(client).add(upstream)
+        upstream.connect(Number(t.port), t.hostname)
+        client.pipe(upstream).pipe(client)
+        const drop = () => {
+          client.destroy()
+          upstream.destroy()
+          sockets.delete(client)
+          sockets.delete(upstream)
+        }
+        client.on("error", drop).on("close", drop)
+        upstream.on("error", drop).on("close", drop)
+      })
+      srv.listen(port, "127.0.0.1", () => {
+        port = (srv.address() as { port: number }).port
+        resolve(srv)
+      })
+    })
+  let server: NetServer | null = await listen()
+  const down = async () => {
+    if (!server) return
+    const s = server
+    server = null
+    for (const c of sockets) c.destroy()
+    sockets.clear()
+    await new Promise<void>((r) => s.close(() => r()))
+  }
+  return {
+    url: `http://127.0.0.1:${port}`,
+    down,
+    up: async () => {
+      if (!server) server = await listen()
+    },
+    close: down
+  }
+}
