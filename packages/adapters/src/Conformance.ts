@@ -1,0 +1,809 @@
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Either, type Layer } from "effect"
+import {
+  type Assignment,
+  Config,
+  Discovery,
+  MemoryStore,
+  Percentile,
+  type PhaseModel,
+  type Source,
+  Store,
+  type Target
+} from "@scanfleet/core"
+import * as Model from "./internal/ModelTest.js"
+
+/** What a backend can be asked to prove beyond the common behaviour. */
+export interface Capabilities {
+  /** Several connections really run at once (Postgres): the racing tests run. */
+  readonly concurrency: boolean
+  /** Random command sequences compared with core's model (default 12 runs; 0 skips, loudly). */
+  readonly modelRuns?: number
+}
+
+/** Builds a fresh, empty Store for one test; its resources are released after the test. */
+export type MakeStore = () => Layer.Layer<Store.Store, unknown>
+
+type S = Store.StoreShape
+
+const T0 = Date.UTC(2025, 0, 1)
+const MIN = 60_000
+const HOUR = 60 * MIN
+const DAY = 24 * HOUR
+const config = Config.defaults
+const rule = (budget = 100, cooldownMs = DAY) => ({ budget, cooldownMs })
+
+const ev = (seq: number, phase: PhaseModel.Phase, at: number, kind: PhaseModel.Event["kind"] = "phase"): PhaseModel.Event => ({ seq, kind, phase, at })
+const obs = (source: Source.Source, identity: string, remoteAt: number | null): Target.Observation => ({ source, identity, remoteAt })
+const auth = (a: Assignment.Assignment, now: number): Store.Authority => ({ deviceId: a.deviceId, reservationId: a.reservationId, fence: a.fence, now })
+
+const addDevice = (s: S, slots = 4, name = "device") => s.addDevice({ name, slots, tokenHash: `hash-${name}`, now: T0 })
+
+const claimed = (s: S, deviceId: number, slot: number, now: number, extra: Partial<Store.ClaimRequest> = {}) =>
+  Effect.flatMap(s.claim({ deviceId, slot, now, config, ...extra }), (a) => (a === null ? Effect.dieMessage("expected a pending target to claim") : Effect.succeed(a)))
+
+const finish = (s: S, a: Assignment.Assignment, now: number, outcome: Assignment.Outcome = "clean") =>
+  s.submitResult({ ...auth(a, now), outcome, finalPhase: "awaiting_receipt", body: JSON.stringify({ findings: [] }) })
+
+/** Claims the one pending target and completes its scan. */
+const scanOnce = (s: S, deviceId: number, now: number) => Effect.flatMap(claimed(s, deviceId, 0, now), (a) => Effect.as(finish(s, a, now + MIN), a))
+
+/** Every event of a normal run, from `assigned` to `awaiting_receipt`, a minute apart. */
+const normalRun = (from: number): ReadonlyArray<PhaseModel.Event> =>
+  (["assigned", "permit_wait", "preparing", "acquiring", "scanning", "filtering", "cleanup", "staging", "bundling", "uploading", "awaiting_receipt"] as const).map(
+    (p, i) => ev(i + 1, p, from + i * MIN)
+  )
+
+const lifecycle = (t: Target.Target) => ({
+  status: t.status,
+  coveredRemoteAt: t.coveredRemoteAt,
+  completedAt: t.completedAt,
+  lastScanStartedAt: t.lastScanStartedAt,
+  fence: t.fence,
+  attempts: t.attempts
+})
+
+const failure = <A, E>(self: Effect.Effect<A, E>) => Effect.flip(self) as Effect.Effect<E & { readonly _tag: string; readonly reason?: string }, A>
+
+/**
+ * The conformance suite of the Store port: every operation, every storage
+ * scenario of the specification, races when the backend has real concurrency,
+ * and a model-based comparison with core's in-memory reference.
+ *
+ * @example
+ * // test/my-store.test.ts
+ * import { conformance } from "@scanfleet/adapters/Conformance"
+ * conformance("my store", () => MyStore.layer(settings), { concurrency: true })
+ */
+export const conformance = (name: string, makeStore: MakeStore, capabilities: Capabilities) =>
+  describe(`Store conformance: ${name}`, () => {
+    const test = <A, E>(title: string, body: (s: S) => Effect.Effect<A, E>, timeout?: number) =>
+      it.live(title, () => Effect.flatMap(Store.Store, body).pipe(Effect.provide(makeStore())), timeout)
+
+    describe("recording discovery", () => {
+      test("inserts new identities as pending in batch order and counts known records", (s) =>
+        Effect.gen(function* () {
+          const r1 = yield* s.recordObservations([obs("github", "a/x", T0 - DAY), obs("github", "a/y", null), obs("github", "a/x", T0 - HOUR), obs("gitlab", "a/x", null)], T0)
+          expect(r1).toEqual({ inserted: ["a/x", "a/y", "a/x"], known: 1 })
+          const x = yield* s.getTarget("github", "a/x")
+          expect(x).toMatchObject({ source: "github", identity: "a/x", status: "pending", observedRemoteAt: T0 - HOUR, coveredRemoteAt: null, fence: 0, attempts: 0, discoveredAt: T0 })
+          const y = yield* s.getTarget("github", "a/y")
+          expect(x.id).toBeLessThan(y.id)
+          expect((yield* s.getTarget("gitlab", "a/x")).id).toBeGreaterThan(y.id)
+          const r2 = yield* s.recordObservations([obs("github", "a/y", T0), obs("github", "a/z", null)], T0 + 1)
+          expect(r2).toEqual({ inserted: ["a/z"], known: 1 })
+          expect(yield* s.recordObservations([], T0)).toEqual({ inserted: [], known: 0 })
+          expect(yield* s.countTargets()).toEqual([
+            { source: "github", status: "pending", count: 3 },
+            { source: "gitlab", status: "pending", count: 1 }
+          ])
+        }))
+
+      test("Source-specific remote timestamp is retained", (s) =>
+        Effect.gen(function* () {
+          const pushedAt = Date.parse("2024-05-01T08:00:00Z")
+          const activity = Date.parse("2024-06-01T08:00:00Z")
+          const modified = Date.parse("2024-07-01T08:00:00Z")
+          yield* s.recordObservations([obs("github", "o/r", pushedAt), obs("gitlab", "g/p", activity), obs("huggingface", "spaces/u/s", modified)], T0)
+          expect((yield* s.getTarget("github", "o/r")).observedRemoteAt).toBe(pushedAt)
+          expect((yield* s.getTarget("gitlab", "g/p")).observedRemoteAt).toBe(activity)
+          expect((yield* s.getTarget("huggingface", "spaces/u/s")).observedRemoteAt).toBe(modified)
+        }))
+
+      test("observed_remote_at only moves forward: an older or missing value never lowers it", (s) =>
+        Effect.gen(function* () {
+          yield* s.recordObservations([obs("github", "o/r", T0 - HOUR)], T0)
+          yield* s.recordObservations([obs("github", "o/r", T0 - DAY), obs("github", "o/r", null)], T0 + 1)
+          expect((yield* s.getTarget("github", "o/r")).observedRemoteAt).toBe(T0 - HOUR)
+          yield* s.recordObservations([obs("github", "o/r", T0 - MIN)], T0 + 2)
+          expect((yield* s.getTarget("github", "o/r")).observedRemoteAt).toBe(T0 - MIN)
+        }))
+
+      test("Missing or malformed remote timestamp", (s) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s)
+          const r = yield* s.recordObservations([obs("github", "no/time", null)], T0)
+          expect(r.inserted).toEqual(["no/time"])
+          yield* scanOnce(s, d.id, T0)
+          yield* s.recordObservations([obs("github", "no/time", null)], T0 + 2 * DAY)
+          expect(yield* s.promote("github", rule(), T0 + 3 * DAY)).toEqual({ promoted: [], deferred: 0 })
+          expect((yield* s.getTarget("github", "no/time")).status).toBe("completed")
+        }))
+
+      test("DockerHub discovery", (s) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s)
+          yield* s.recordObservations([obs("dockerhub", "library/nginx:latest@sha256:aaa", null)], T0)
+          yield* scanOnce(s, d.id, T0)
+          const again = yield* s.recordObservations([obs("dockerhub", "library/nginx:latest@sha256:aaa", null)], T0 + 2 * DAY)
+          expect(again).toEqual({ inserted: [], known: 1 })
+          expect(yield* s.promote("dockerhub", rule(10, 0), T0 + 3 * DAY)).toEqual({ promoted: [], deferred: 0 })
+          expect((yield* s.getTarget("dockerhub", "library/nginx:latest@sha256:aaa")).status).toBe("completed")
+          // a new digest is a new target
+          const fresh = yield* s.recordObservations([obs("dockerhub", "library/nginx:latest@sha256:bbb", null)], T0 + 3 * DAY)
+          expect(fresh.inserted).toEqual(["library/nginx:latest@sha256:bbb"])
+        }))
+
+      test("Non-completed target is rediscovered", (s) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s, 8)
+          yield* s.recordObservations(["claimed", "failed", "unresolved", "released", "pending"].map((i) => obs("github", i, T0 - DAY)), T0)
+          // in progress (claimed, leased, reserved)
+          const inProgress = yield* claimed(s, d.id, 0, T0)
+          const failed = yield* claimed(s, d.id, 1, T0)
+          yield* finish(s, failed, T0 + MIN, "scan_error")
+          const unresolved = yield* claimed(s, d.id, 2, T0)
+          yield* finish(s, unresolved, T0 + MIN, "unsupported")
+          const released = yield* claimed(s, d.id, 3, T0)
+          yield* s.release(auth(released, T0 + MIN))
+          const ids = [inProgress.identity, failed.identity, unresolved.identity, released.identity, "pending"]
+          expect(ids).toEqual(["claimed", "failed", "unresolved", "released", "pending"])
+          const before = yield* Effect.forEach(ids, (i) => s.getTarget("github", i))
+          expect(before.map((t) => t.status)).toEqual(expect.arrayContaining(["pending", "in_progress", "failed", "unresolved"]))
+          yield* s.recordObservations(ids.map((i) => obs("github", i, T0 + HOUR)), T0 + 2 * DAY)
+          yield* s.promote("github", rule(100, 0), T0 + 2 * DAY)
+          const after = yield* Effect.forEach(ids, (i) => s.getTarget("github", i))
+          after.forEach((t, i) => {
+            expect(lifecycle(t)).toEqual(lifecycle(before[i]))
+            expect(t.observedRemoteAt).toBe(T0 + HOUR)
+          })
+        }))
+
+      test("records 10,000 observations in one call, then knows all of them", (s) =>
+        Effect.gen(function* () {
+          const batch = Array.from({ length: 10_000 }, (_, i) => obs("github", `bulk/${i}`, T0 - i))
+          const r = yield* s.recordObservations(batch, T0)
+          expect(r.inserted.length).toBe(10_000)
+          expect(r.inserted[9_999]).toBe("bulk/9999")
+          const again = yield* s.recordObservations(batch.map((o) => ({ ...o, remoteAt: T0 })), T0 + 1)
+          expect(again).toEqual({ inserted: [], known: 10_000 })
+          expect((yield* s.getTarget("github", "bulk/9999")).observedRemoteAt).toBe(T0)
+        }), 60_000)
+    })
+
+    describe("promotion", () => {
+      // One completed target covering `covered`, scanned at T0.
+      const completedAt = (s: S, identity: string, covered: number | null) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s, 1, `dev-${identity}`)
+          yield* s.recordObservations([obs("github", identity, covered)], T0)
+          const a = yield* scanOnce(s, d.id, T0)
+          return a
+        })
+
+      test("Completed target changed after its covered revision", (s) =>
+        Effect.gen(function* () {
+          const a = yield* completedAt(s, "o/r", T0 - DAY)
+          expect(a.coveredRemoteAt).toBe(T0 - DAY)
+          yield* s.recordObservations([obs("github", "o/r", T0 + HOUR)], T0 + 2 * DAY)
+          const before = yield* s.getTarget("github", "o/r")
+          expect(yield* s.promote("github", rule(), T0 + 2 * DAY)).toEqual({ promoted: ["o/r"], deferred: 0 })
+          const t = yield* s.getTarget("github", "o/r")
+          expect(t.status).toBe("pending")
+          expect(t.fence).toBe(before.fence + 1)
+          // one normal fenced scan, covering the newer revision
+          const again = yield* claimed(s, a.deviceId, 0, T0 + 2 * DAY)
+          expect(again.coveredRemoteAt).toBe(T0 + HOUR)
+          expect(again.fence).toBe(t.fence + 1)
+          expect(yield* s.promote("github", rule(), T0 + 3 * DAY)).toEqual({ promoted: [], deferred: 0 })
+        }))
+
+      test("Unchanged target is rediscovered", (s) =>
+        Effect.gen(function* () {
+          const a = yield* completedAt(s, "o/r", T0 - DAY)
+          const before = yield* s.getTarget("github", "o/r")
+          yield* s.recordObservations([obs("github", "o/r", T0 - DAY), obs("github", "o/r", T0 - 2 * DAY)], T0 + 2 * DAY)
+          expect(yield* s.promote("github", rule(), T0 + 2 * DAY)).toEqual({ promoted: [], deferred: 0 })
+          expect(yield* s.getTarget("github", "o/r")).toEqual(before)
+          expect(yield* s.claim({ deviceId: a.deviceId, slot: 0, now: T0 + 2 * DAY, config })).toBeNull()
+        }))
+
+      test("Legacy completed target is first observed", (s) =>
+        Effect.gen(function* () {
+          // scanned without any observation: no covered snapshot, only a completion time
+          const a = yield* completedAt(s, "legacy/old", null)
+          const done = T0 + MIN
+          expect((yield* s.getTarget("github", "legacy/old")).coveredRemoteAt).toBeNull()
+          yield* s.recordObservations([obs("github", "legacy/old", done)], T0 + 2 * DAY)
+          expect((yield* s.promote("github", rule(), T0 + 2 * DAY)).promoted).toEqual([])
+          yield* s.recordObservations([obs("github", "legacy/old", done + 1)], T0 + 2 * DAY)
+          expect((yield* s.promote("github", rule(), T0 + 2 * DAY)).promoted).toEqual(["legacy/old"])
+          expect(a.coveredRemoteAt).toBeNull()
+        }))
+
+      test("Update arrives during a scan", (s) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s, 1)
+          yield* s.recordObservations([obs("github", "o/r", T0 - DAY)], T0)
+          const a = yield* claimed(s, d.id, 0, T0)
+          expect(a.coveredRemoteAt).toBe(T0 - DAY)
+          // discovery records a newer revision while the scan runs
+          yield* s.recordObservations([obs("github", "o/r", T0 + 5 * MIN)], T0 + 6 * MIN)
+          yield* finish(s, a, T0 + 10 * MIN)
+          const done = yield* s.getTarget("github", "o/r")
+          expect(done).toMatchObject({ status: "completed", observedRemoteAt: T0 + 5 * MIN, coveredRemoteAt: T0 - DAY })
+          // not before the cooldown
+          expect(yield* s.promote("github", rule(10, DAY), T0 + HOUR)).toEqual({ promoted: [], deferred: 0 })
+          // exactly one follow-up after it
+          expect(yield* s.promote("github", rule(10, DAY), T0 + DAY)).toEqual({ promoted: ["o/r"], deferred: 0 })
+          const follow = yield* claimed(s, d.id, 0, T0 + DAY)
+          expect(follow.coveredRemoteAt).toBe(T0 + 5 * MIN)
+          yield* finish(s, follow, T0 + DAY + MIN)
+          expect(yield* s.promote("github", rule(10, 0), T0 + 3 * DAY)).toEqual({ promoted: [], deferred: 0 })
+        }))
+
+      test("Eligible changes exceed the cycle budget", (s) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s, 1)
+          // five targets scanned one hour apart: t0 is the stalest
+          for (let i = 0; i < 5; i++) {
+            yield* s.recordObservations([obs("github", `t${i}`, T0 - DAY)], T0 + i * HOUR)
+            yield* scanOnce(s, d.id, T0 + i * HOUR)
+          }
+          yield* s.recordObservations([0, 1, 2, 3, 4].map((i) => obs("github", `t${i}`, T0 + 10 * HOUR)), T0 + 11 * HOUR)
+          const now = T0 + 3 * DAY
+          expect(yield* s.promote("github", rule(2), now)).toEqual({ promoted: ["t0", "t1"], deferred: 3 })
+          expect((yield* s.getTarget("github", "t2")).status).toBe("completed")
+          expect(yield* s.promote("github", rule(2), now)).toEqual({ promoted: ["t2", "t3"], deferred: 1 })
+          expect(yield* s.promote("github", rule(0), now)).toEqual({ promoted: [], deferred: 1 })
+          expect(yield* s.promote("github", rule(2), now)).toEqual({ promoted: ["t4"], deferred: 0 })
+        }))
+
+      test("Cooldown has not elapsed", (s) =>
+        Effect.gen(function* () {
+          yield* completedAt(s, "o/r", T0 - DAY)
+          yield* s.recordObservations([obs("github", "o/r", T0 + HOUR)], T0 + 2 * HOUR)
+          expect(yield* s.promote("github", rule(10, DAY), T0 + DAY - 1)).toEqual({ promoted: [], deferred: 0 })
+          expect((yield* s.getTarget("github", "o/r")).status).toBe("completed")
+          expect(yield* s.promote("github", rule(10, DAY), T0 + DAY)).toEqual({ promoted: ["o/r"], deferred: 0 })
+        }))
+
+      test("Concurrent discovery cycles", (s) =>
+        Effect.gen(function* () {
+          yield* completedAt(s, "o/r", T0 - DAY)
+          yield* s.recordObservations([obs("github", "o/r", T0 + HOUR)], T0 + 2 * DAY)
+          const cycles = yield* Effect.all(
+            Array.from({ length: 8 }, () => s.promote("github", rule(), T0 + 2 * DAY)),
+            { concurrency: "unbounded" }
+          )
+          expect(cycles.flatMap((c) => c.promoted)).toEqual(["o/r"])
+          const t = yield* s.getTarget("github", "o/r")
+          expect(t.fence).toBe(2)
+        }))
+
+      test("Cycle admits new and updated targets", (s) =>
+        Effect.gen(function* () {
+          yield* completedAt(s, "old/changed", T0 - DAY)
+          const now = T0 + 2 * DAY
+          const rec = yield* s.recordObservations([obs("github", "old/changed", T0 + HOUR), obs("github", "new/one", T0), obs("github", "new/two", null)], now)
+          const pro = yield* s.promote("github", rule(), now)
+          const counts = Discovery.counts(new Set(rec.inserted), new Set(pro.promoted))
+          expect(counts).toEqual({ queuedNewCount: 2, queuedUpdatedCount: 1 })
+          const cycle = yield* s.recordCycle({ source: "github", startedAt: now, endedAt: now + 1000, pages: 1, results: 3, malformed: 0, ...counts, deferredCount: pro.deferred, stopReason: "end_of_listing", error: null })
+          expect(yield* s.listCycles({ source: "github", limit: 10 })).toEqual([cycle])
+        }))
+
+      test("No changed targets are promoted", (s) =>
+        Effect.gen(function* () {
+          yield* completedAt(s, "old/same", T0 - DAY)
+          const now = T0 + 2 * DAY
+          const rec = yield* s.recordObservations([obs("github", "old/same", T0 - DAY)], now)
+          const pro = yield* s.promote("github", rule(), now)
+          const counts = Discovery.counts(new Set(rec.inserted), new Set(pro.promoted))
+          const cycle = yield* s.recordCycle({ source: "github", startedAt: now, endedAt: now, pages: 1, results: 1, malformed: 0, ...counts, deferredCount: 0, stopReason: "page_limit", error: null })
+          expect(cycle.queuedUpdatedCount).toBe(0)
+          expect((yield* s.listCycles({ limit: 1 }))[0].queuedUpdatedCount).toBe(0)
+        }))
+    })
+
+    describe("claims", () => {
+      test("Revision-aware target is claimed", (s) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s, 2)
+          yield* s.recordObservations([obs("github", "o/r", T0 - DAY)], T0)
+          yield* s.recordObservations([obs("github", "o/r", T0 - HOUR), obs("github", "o/r", T0 - 2 * HOUR)], T0 + 1)
+          const a = yield* claimed(s, d.id, 1, T0 + MIN)
+          expect(a.coveredRemoteAt).toBe(T0 - HOUR)
+          const t = yield* s.getTarget("github", "o/r")
+          expect(t).toMatchObject({ status: "in_progress", coveredRemoteAt: T0 - HOUR, fence: 1, attempts: 1, lastScanStartedAt: T0 + MIN })
+          expect(a).toMatchObject({ targetId: t.id, identity: "o/r", deviceId: d.id, slot: 1, fence: 1, state: "active", lastSeq: 0, lastPhase: null })
+          expect(yield* s.getAssignment(a.reservationId)).toEqual(a)
+        }))
+
+      test("Claim fails before authority is committed", (s) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s, 1)
+          yield* s.recordObservations([obs("github", "first", T0 - DAY), obs("github", "second", T0 - DAY)], T0)
+          yield* claimed(s, d.id, 0, T0)
+          yield* s.recordObservations([obs("github", "second", T0 - HOUR)], T0 + 1)
+          const before = yield* s.getTarget("github", "second")
+          expect((yield* failure(s.claim({ deviceId: d.id, slot: 0, now: T0 + 2, config }))).reason).toBe("slot_busy")
+          expect((yield* failure(s.claim({ deviceId: d.id, slot: 1, now: T0 + 2, config }))).reason).toBe("capacity")
+          expect((yield* failure(s.claim({ deviceId: 999, slot: 0, now: T0 + 2, config }))).reason).toBe("unknown_device")
+          const other = yield* addDevice(s, 1, "revoked")
+          yield* s.revokeDevice(other.id, T0 + 1)
+          const e = yield* failure(s.claim({ deviceId: other.id, slot: 0, now: T0 + 2, config }))
+          expect(e).toMatchObject({ _tag: "ClaimRejected", reason: "unknown_device" })
+          const after = yield* s.getTarget("github", "second")
+          expect(after).toEqual(before)
+          expect(after.coveredRemoteAt).toBeNull()
+          expect(yield* s.listAssignments({ limit: 10 })).toHaveLength(1)
+        }))
+
+      test("claims the lowest-id pending target, within the allowed sources and the per-source cap", (s) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s, 4)
+          yield* s.recordObservations([obs("gitlab", "g1", null), obs("github", "h1", null), obs("github", "h2", null), obs("gitlab", "g2", null)], T0)
+          expect((yield* claimed(s, d.id, 0, T0, { sources: ["github"] })).identity).toBe("h1")
+          expect((yield* claimed(s, d.id, 1, T0, { sourceCap: 1 })).identity).toBe("g1")
+          // both sources are at the cap of one
+          expect(yield* s.claim({ deviceId: d.id, slot: 2, now: T0, config, sourceCap: 1 })).toBeNull()
+          expect(yield* s.claim({ deviceId: d.id, slot: 2, now: T0, config, sources: ["huggingface"] })).toBeNull()
+          expect((yield* claimed(s, d.id, 2, T0, { sourceCap: 2 })).identity).toBe("h2")
+          expect((yield* claimed(s, d.id, 3, T0)).identity).toBe("g2")
+        }))
+
+      test("Source override exists", (s) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s, 1)
+          const withOverride: Config.ManagedConfig = { ...config, assignments: { ...config.assignments, overrides: { dockerhub: { ttlSeconds: 7200 } } } }
+          yield* s.recordObservations([obs("dockerhub", "library/redis@sha256:1", null)], T0)
+          const a = yield* claimed(s, d.id, 0, T0, { config: withOverride })
+          expect(a.policy).toEqual({ source: "dockerhub", origin: "override", ttlSeconds: 7200, scanTimeoutSeconds: 2700, uploadTimeoutSeconds: 600, handoffMarginSeconds: 60 })
+          expect(a.expiresAt).toBe(T0 + 7200 * 1000)
+          expect(a.scanDeadline).toBe(T0 + 2700 * 1000)
+          expect(a.uploadDeadline).toBe(T0 + 3300 * 1000)
+          expect((yield* s.getAssignment(a.reservationId)).policy).toEqual(a.policy)
+        }))
+
+      test("Source override is absent", (s) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s, 1)
+          yield* s.recordObservations([obs("gitlab", "g/p", null)], T0)
+          const a = yield* claimed(s, d.id, 0, T0)
+          expect(a.policy.origin).toBe("global")
+          expect(a.expiresAt).toBe(T0 + config.assignments.globalTtlSeconds * 1000)
+        }))
+
+      test("returns null when nothing is pending", (s) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s, 1)
+          expect(yield* s.claim({ deviceId: d.id, slot: 0, now: T0, config })).toBeNull()
+        }))
+    })
+
+    describe("progress", () => {
+      const active = (s: S) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s, 2)
+          yield* s.recordObservations([obs("github", "o/r", T0 - DAY)], T0)
+          return yield* claimed(s, d.id, 0, T0)
+        })
+
+      test("Progress is accepted", (s) =>
+        Effect.gen(function* () {
+          const a = yield* active(s)
+          const r = yield* s.appendProgress(auth(a, T0 + MIN), [ev(1, "assigned", T0 + 1000), ev(2, "permit_wait", T0 + 2000)])
+          expect(r.results).toEqual([
+            { seq: 1, status: "accepted", acceptedAt: T0 + MIN },
+            { seq: 2, status: "accepted", acceptedAt: T0 + MIN }
+          ])
+          expect(r.assignment).toMatchObject({ lastPhase: "permit_wait", lastSeq: 2, lastProgressAt: T0 + MIN })
+          const stored = yield* s.getAssignment(a.reservationId)
+          expect(stored).toEqual(r.assignment)
+          // neither expiry nor ownership changed
+          expect({ ...stored, lastPhase: null, lastSeq: 0, lastProgressAt: null }).toEqual(a)
+          expect(yield* s.timeline(a.reservationId)).toEqual([
+            { ...ev(1, "assigned", T0 + 1000), acceptedAt: T0 + MIN },
+            { ...ev(2, "permit_wait", T0 + 2000), acceptedAt: T0 + MIN }
+          ])
+        }))
+
+      test("Duplicate progress is retried", (s) =>
+        Effect.gen(function* () {
+          const a = yield* active(s)
+          yield* s.appendProgress(auth(a, T0 + MIN), [ev(1, "assigned", T0 + 1000)])
+          const retry = yield* s.appendProgress(auth(a, T0 + 2 * MIN), [ev(1, "assigned", T0 + 1000), { ...ev(2, "preparing", T0 + 3000), detail: "resolving" }])
+          expect(retry.results).toEqual([
+            { seq: 1, status: "duplicate", acceptedAt: T0 + MIN },
+            { seq: 2, status: "accepted", acceptedAt: T0 + 2 * MIN }
+          ])
+          const again = yield* s.appendProgress(auth(a, T0 + 3 * MIN), [{ ...ev(2, "preparing", T0 + 3000), detail: "resolving" }])
+          expect(again.results).toEqual([{ seq: 2, status: "duplicate", acceptedAt: T0 + 2 * MIN }])
+          expect(again.assignment.lastProgressAt).toBe(T0 + 2 * MIN)
+          const tl = yield* s.timeline(a.reservationId)
+          expect(tl.map((e) => e.seq)).toEqual([1, 2])
+          expect(tl[1].detail).toBe("resolving")
+        }))
+
+      test("refuses a conflicting resubmission, a gap, an illegal move and anything after a terminal phase", (s) =>
+        Effect.gen(function* () {
+          const a = yield* active(s)
+          yield* s.appendProgress(auth(a, T0 + MIN), [ev(1, "assigned", T0)])
+          expect(yield* failure(s.appendProgress(auth(a, T0 + MIN), [ev(1, "preparing", T0)]))).toMatchObject({ _tag: "ProgressRejected", reason: "conflict", seq: 1 })
+          expect(yield* failure(s.appendProgress(auth(a, T0 + MIN), [ev(3, "preparing", T0)]))).toMatchObject({ _tag: "ProgressRejected", reason: "sequence_gap" })
+          // a batch is refused whole: its valid first event is not stored either
+          expect(yield* failure(s.appendProgress(auth(a, T0 + MIN), [ev(2, "scanning", T0), ev(3, "preparing", T0)]))).toMatchObject({ reason: "illegal_transition", seq: 3 })
+          expect(yield* failure(s.appendProgress(auth(a, T0 + MIN), [ev(2, "acquiring", T0, "recovered")]))).toMatchObject({ reason: "illegal_transition" })
+          yield* s.appendProgress(auth(a, T0 + MIN), [ev(2, "failed", T0)])
+          expect(yield* failure(s.appendProgress(auth(a, T0 + MIN), [ev(3, "failed", T0)]))).toMatchObject({ reason: "terminal" })
+          expect((yield* s.timeline(a.reservationId)).map((e) => e.phase)).toEqual(["assigned", "failed"])
+        }))
+
+      test("refuses writes that are not the device's live reservation", (s) =>
+        Effect.gen(function* () {
+          const a = yield* active(s)
+          const e1 = yield* failure(s.appendProgress({ ...auth(a, T0), reservationId: 4242 }, [ev(1, "assigned", T0)]))
+          expect(e1).toMatchObject({ _tag: "ReservationRefused", reason: "not_found" })
+          expect(yield* failure(s.appendProgress({ ...auth(a, T0), deviceId: a.deviceId + 1 }, [ev(1, "assigned", T0)]))).toMatchObject({ reason: "not_owner" })
+          expect(yield* failure(s.appendProgress({ ...auth(a, T0), fence: a.fence - 1 }, [ev(1, "assigned", T0)]))).toMatchObject({ reason: "stale_fence" })
+          expect(yield* failure(s.appendProgress(auth(a, a.expiresAt), [ev(1, "assigned", T0)]))).toMatchObject({ reason: "expired" })
+          yield* s.appendProgress(auth(a, T0 + 1), [ev(1, "assigned", T0)])
+          yield* s.release(auth(a, T0 + 2))
+          expect(yield* failure(s.appendProgress(auth(a, T0 + 3), [ev(2, "preparing", T0)]))).toMatchObject({ reason: "not_active" })
+          // a retry of an accepted event is still answered after the reservation ended
+          expect((yield* s.appendProgress(auth(a, T0 + 3), [ev(1, "assigned", T0)])).results[0]).toMatchObject({ status: "duplicate", acceptedAt: T0 + 1 })
+        }))
+
+      test("Process restarts during an assignment", (s) =>
+        Effect.gen(function* () {
+          const a = yield* active(s)
+          yield* s.appendProgress(auth(a, T0 + 1), [ev(1, "assigned", T0), ev(2, "scanning", T0 + 10)])
+          const before = yield* s.timeline(a.reservationId)
+          yield* s.appendProgress(auth(a, T0 + 2), [ev(3, "scanning", T0 + 20, "recovered"), ev(4, "cleanup", T0 + 30)])
+          const after = yield* s.timeline(a.reservationId)
+          expect(after.slice(0, 2)).toEqual(before)
+          expect(after.map((e) => [e.seq, e.kind, e.phase])).toEqual([
+            [1, "phase", "assigned"],
+            [2, "phase", "scanning"],
+            [3, "recovered", "scanning"],
+            [4, "phase", "cleanup"]
+          ])
+        }))
+    })
+
+    describe("results, release and expiry", () => {
+      const active = (s: S, slots = 2) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s, slots)
+          yield* s.recordObservations([obs("github", "o/r", T0 - DAY)], T0)
+          return yield* claimed(s, d.id, 0, T0)
+        })
+
+      test("Assignment completes normally", (s) =>
+        Effect.gen(function* () {
+          const a = yield* active(s)
+          const run = normalRun(T0 + 1000)
+          for (const e of run) yield* s.appendProgress(auth(a, e.at + 500), [e])
+          const acceptedAt = T0 + 20 * MIN
+          const receipt = yield* finish(s, a, acceptedAt, "findings")
+          expect(receipt).toEqual({ receiptId: `rc-${a.reservationId}-${a.fence}`, reservationId: a.reservationId, outcome: "findings", acceptedAt })
+          // a resubmission returns the original receipt
+          expect(yield* finish(s, a, acceptedAt + MIN, "clean")).toEqual(receipt)
+          expect(yield* s.getAssignment(a.reservationId)).toMatchObject({ state: "completed", outcome: "findings", finalPhase: "awaiting_receipt", endedAt: acceptedAt })
+          expect((yield* s.getTarget("github", "o/r"))).toMatchObject({ status: "completed", completedAt: acceptedAt })
+          const tl = yield* s.timeline(a.reservationId)
+          expect(tl.map((e) => e.phase)).toEqual(run.map((e) => e.phase))
+          const p = yield* s.percentiles({ from: T0, to: T0 + DAY, minSamples: 1 })
+          const values = Object.fromEntries(p.map((r) => [r.metric, r.p50.status === "ok" ? r.p50.value : null]))
+          expect(values).toEqual({ end_to_end: 20 * MIN, scanning: MIN, cleanup: MIN, bundling: MIN, upload: acceptedAt - (run[9].at + 500) })
+        }))
+
+      test("typed failures end the reservation and set the target's status", (s) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s, 3)
+          yield* s.recordObservations([obs("github", "e", null), obs("github", "u", null), obs("github", "k", null)], T0)
+          const e = yield* claimed(s, d.id, 0, T0)
+          const u = yield* claimed(s, d.id, 1, T0)
+          const k = yield* claimed(s, d.id, 2, T0)
+          yield* finish(s, e, T0 + MIN, "scan_error")
+          yield* finish(s, u, T0 + MIN, "unsupported")
+          yield* s.submitResult({ ...auth(k, T0 + MIN), outcome: "killed_at_deadline", finalPhase: "cleanup", body: "{}" })
+          expect((yield* s.getTarget("github", "e")).status).toBe("failed")
+          expect((yield* s.getTarget("github", "u")).status).toBe("unresolved")
+          expect((yield* s.getTarget("github", "k")).status).toBe("failed")
+          expect(yield* s.getAssignment(k.reservationId)).toMatchObject({ state: "failed", outcome: "killed_at_deadline", finalPhase: "cleanup" })
+          expect((yield* s.listAssignments({ state: "failed", limit: 10 })).map((x) => x.reservationId)).toEqual([k, u, e].map((x) => x.reservationId))
+        }))
+
+      test("refuses a result after the result-upload deadline, and a superseded attempt", (s) =>
+        Effect.gen(function* () {
+          const a = yield* active(s)
+          expect(yield* failure(finish(s, a, a.uploadDeadline + 1))).toMatchObject({ _tag: "ReservationRefused", reason: "upload_deadline_passed" })
+          expect(yield* failure(finish(s, a, a.expiresAt))).toMatchObject({ reason: "expired" })
+          const [gone] = yield* s.expireDue({ now: a.expiresAt, maxAttempts: 3, limit: 10 })
+          expect(gone.reservationId).toBe(a.reservationId)
+          const next = yield* claimed(s, a.deviceId, 0, a.expiresAt + 1)
+          expect(next.fence).toBe(a.fence + 2)
+          expect(yield* failure(finish(s, a, a.expiresAt + 2))).toMatchObject({ reason: "expired" })
+          expect(yield* failure(finish(s, { ...next, fence: a.fence }, a.expiresAt + 2))).toMatchObject({ reason: "stale_fence" })
+          expect(yield* finish(s, next, a.expiresAt + 3)).toMatchObject({ reservationId: next.reservationId })
+        }))
+
+      test("release gives the target back to the queue with a new fence", (s) =>
+        Effect.gen(function* () {
+          const a = yield* active(s)
+          const r = yield* s.release(auth(a, T0 + MIN))
+          expect(r).toMatchObject({ state: "released", endedAt: T0 + MIN })
+          expect(yield* s.getTarget("github", "o/r")).toMatchObject({ status: "pending", fence: a.fence + 1 })
+          expect(yield* failure(s.release(auth(a, T0 + 2 * MIN)))).toMatchObject({ reason: "not_active" })
+          expect(yield* failure(finish(s, a, T0 + 2 * MIN))).toMatchObject({ reason: "not_active" })
+          const b = yield* claimed(s, a.deviceId, 0, T0 + 3 * MIN)
+          expect(b).toMatchObject({ identity: "o/r", fence: a.fence + 2 })
+        }))
+
+      test("Assignment expires", (s) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s, 3)
+          yield* s.recordObservations([obs("github", "with-progress", null), obs("github", "silent", null)], T0)
+          const a = yield* claimed(s, d.id, 0, T0)
+          const b = yield* claimed(s, d.id, 1, T0 + 1)
+          yield* s.appendProgress(auth(a, T0 + 5 * MIN), [ev(1, "assigned", T0), ev(2, "scanning", T0 + MIN)])
+          expect(yield* s.expireDue({ now: a.expiresAt - 1, maxAttempts: 3, limit: 10 })).toEqual([])
+          const expired = yield* s.expireDue({ now: b.expiresAt, maxAttempts: 3, limit: 10 })
+          expect(expired.map((x) => x.reservationId)).toEqual([a.reservationId, b.reservationId])
+          expect(expired[0].expiry).toEqual({ lastPhase: "scanning", lastProgressAt: T0 + 5 * MIN, expiredAt: b.expiresAt })
+          expect(expired[1].expiry).toEqual({ lastPhase: null, lastProgressAt: null, expiredAt: b.expiresAt })
+          expect(yield* s.getAssignment(a.reservationId)).toEqual(expired[0])
+          expect(yield* s.getTarget("github", "with-progress")).toMatchObject({ status: "pending", fence: a.fence + 1 })
+          expect(yield* s.expireDue({ now: b.expiresAt + 1, maxAttempts: 3, limit: 10 })).toEqual([])
+        }))
+
+      test("expiry fails a target out of attempts, oldest expiry first, within the sweep limit", (s) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s, 3)
+          yield* s.recordObservations([obs("github", "x", null), obs("github", "y", null), obs("github", "z", null)], T0)
+          const x = yield* claimed(s, d.id, 0, T0 + 2)
+          const y = yield* claimed(s, d.id, 1, T0 + 1)
+          const z = yield* claimed(s, d.id, 2, T0)
+          const first = yield* s.expireDue({ now: T0 + 2 * DAY, maxAttempts: 1, limit: 2 })
+          expect(first.map((a) => a.identity)).toEqual([z.identity, y.identity])
+          expect((yield* s.getTarget("github", "z")).status).toBe("failed")
+          const rest = yield* s.expireDue({ now: T0 + 2 * DAY, maxAttempts: 2, limit: 2 })
+          expect(rest.map((a) => a.reservationId)).toEqual([x.reservationId])
+          expect((yield* s.getTarget("github", "x")).status).toBe("pending")
+        }))
+    })
+
+    describe("durations, percentiles, configuration, devices and reads", () => {
+      const d = (source: Source.Source, metric: Percentile.Metric, outcome: Assignment.Outcome, ms: number, at: number): Assignment.Duration => ({ source, metric, outcome, ms, at })
+
+      test("Administrator reviews DockerHub latency", (s) =>
+        Effect.gen(function* () {
+          const samples: Array<Assignment.Duration> = []
+          for (const metric of Percentile.metrics) for (let i = 1; i <= 25; i++) samples.push(d("dockerhub", metric, "clean", i * 1000 + metric.length * 7.5, T0 + i))
+          samples.push(d("github", "scanning", "clean", 1, T0), d("dockerhub", "scanning", "findings", 5, T0))
+          yield* s.recordDurations(samples)
+          const rows = yield* s.percentiles({ from: T0, to: T0 + DAY, source: "dockerhub", outcome: "clean", minSamples: 20 })
+          expect(rows.map((r) => r.metric)).toEqual([...Percentile.metrics].sort((a, b) => a.localeCompare(b)))
+          for (const r of rows) {
+            expect(r).toMatchObject({ source: "dockerhub", outcome: "clean", count: 25 })
+            expect(r).toEqual({ ...r, ...Percentile.summarize(samples.filter((x) => x.source === "dockerhub" && x.outcome === "clean" && x.metric === r.metric).map((x) => x.ms), 20) })
+            expect(r.p95.status).toBe("ok")
+          }
+          const all = yield* s.percentiles({ from: T0, to: T0 + DAY, minSamples: 1 })
+          expect(all.map((r) => `${r.source}/${r.metric}/${r.outcome}`)).toContain("dockerhub/scanning/findings")
+          expect(all.map((r) => r.source)).toContain("github")
+        }))
+
+      test("Insufficient samples exist", (s) =>
+        Effect.gen(function* () {
+          yield* s.recordDurations([1, 2, 3].map((i) => d("gitlab", "upload", "clean", i * 10, T0)))
+          const [row] = yield* s.percentiles({ from: T0, to: T0 + 1, metric: "upload", minSamples: 20 })
+          expect(row).toEqual({
+            source: "gitlab",
+            metric: "upload",
+            outcome: "clean",
+            count: 3,
+            p50: { status: "insufficient", count: 3, required: 20 },
+            p95: { status: "insufficient", count: 3, required: 20 },
+            p99: { status: "insufficient", count: 3, required: 20 }
+          })
+        }))
+
+      test("the percentile window includes its start and excludes its end", (s) =>
+        Effect.gen(function* () {
+          yield* s.recordDurations([d("github", "end_to_end", "clean", 10, T0 - 1), d("github", "end_to_end", "clean", 20, T0), d("github", "end_to_end", "clean", 30, T0 + 9), d("github", "end_to_end", "clean", 40, T0 + 10)])
+          const [row] = yield* s.percentiles({ from: T0, to: T0 + 10, minSamples: 1 })
+          expect(row).toMatchObject({ count: 2, p50: { status: "ok", value: 25 } })
+          expect(yield* s.percentiles({ from: T0, to: T0 + 10, outcome: "findings", minSamples: 1 })).toEqual([])
+        }))
+
+      test("Invalid deadline policy is previewed", (s) =>
+        Effect.gen(function* () {
+          const bad = { ...config, assignments: { ...config.assignments, globalTtlSeconds: 60 } }
+          expect(Either.isLeft(Config.preview(bad))).toBe(true)
+          // preview never writes
+          expect(yield* s.activeConfig()).toBeNull()
+          const v1 = yield* s.applyConfig(config, "alice", T0)
+          const tuned = { ...config, metrics: { minSamples: 5 } }
+          const v2 = yield* s.applyConfig(tuned, "bob", T0 + 1)
+          expect([v1.version, v2.version]).toEqual([1, 2])
+          expect(yield* s.activeConfig()).toEqual({ version: 2, document: tuned, appliedBy: "bob", appliedAt: T0 + 1 })
+        }))
+
+      test("devices are found by token hash until revoked", (s) =>
+        Effect.gen(function* () {
+          const a = yield* addDevice(s, 3, "alpha")
+          const b = yield* addDevice(s, 1, "beta")
+          expect(a).toEqual({ id: a.id, name: "alpha", slots: 3, createdAt: T0, revokedAt: null })
+          expect(b.id).toBeGreaterThan(a.id)
+          expect(yield* s.deviceByTokenHash("hash-alpha")).toEqual(a)
+          expect(yield* s.deviceByTokenHash("nope")).toBeNull()
+          yield* s.revokeDevice(a.id, T0 + 5)
+          yield* s.revokeDevice(a.id, T0 + 9)
+          expect(yield* s.deviceByTokenHash("hash-alpha")).toBeNull()
+          expect(yield* failure(s.revokeDevice(9999, T0))).toMatchObject({ _tag: "NotFound", entity: "device" })
+        }))
+
+      test("reads: missing rows, listing order and filters, counts, cycles", (s) =>
+        Effect.gen(function* () {
+          expect(yield* failure(s.getTarget("github", "missing"))).toMatchObject({ _tag: "NotFound", entity: "target", key: "github:missing" })
+          expect(yield* failure(s.getAssignment(77))).toMatchObject({ _tag: "NotFound", entity: "assignment", key: "77" })
+          expect(yield* s.timeline(77)).toEqual([])
+          const d1 = yield* addDevice(s, 2, "one")
+          const d2 = yield* addDevice(s, 2, "two")
+          yield* s.recordObservations(["a", "b", "c"].map((i) => obs("huggingface", i, null)), T0)
+          const a = yield* claimed(s, d1.id, 0, T0)
+          const b = yield* claimed(s, d2.id, 0, T0)
+          const c = yield* claimed(s, d1.id, 1, T0)
+          yield* s.release(auth(b, T0 + 1))
+          expect((yield* s.listAssignments({ limit: 10 })).map((x) => x.reservationId)).toEqual([c, b, a].map((x) => x.reservationId))
+          expect((yield* s.listAssignments({ limit: 1 })).map((x) => x.reservationId)).toEqual([c.reservationId])
+          expect((yield* s.listAssignments({ state: "active", deviceId: d1.id, limit: 10 })).map((x) => x.reservationId)).toEqual([c, a].map((x) => x.reservationId))
+          expect(yield* s.countTargets()).toEqual([
+            { source: "huggingface", status: "in_progress", count: 2 },
+            { source: "huggingface", status: "pending", count: 1 }
+          ])
+          const base = { startedAt: T0, endedAt: T0, pages: 1, results: 0, malformed: 0, queuedNewCount: 0, queuedUpdatedCount: 0, deferredCount: 0, stopReason: "end_of_listing" as const }
+          const c1 = yield* s.recordCycle({ ...base, source: "gitlab", error: null })
+          const c2 = yield* s.recordCycle({ ...base, source: "github", stopReason: "error", error: "HTTP 502 from the listing" })
+          expect(yield* s.listCycles({ limit: 10 })).toEqual([c2, c1])
+          expect(yield* s.listCycles({ source: "gitlab", limit: 10 })).toEqual([c1])
+        }))
+    })
+
+    if (capabilities.concurrency) {
+      describe("real concurrency", () => {
+        test("racing claims on many connections never take a target twice nor fill a device past its slots", (s) =>
+          Effect.gen(function* () {
+            const devices = yield* Effect.forEach([0, 1, 2, 3, 4, 5, 6, 7], (i) => addDevice(s, 3, `racer-${i}`))
+            yield* s.recordObservations(Array.from({ length: 40 }, (_, i) => obs("github", `race/${i}`, T0 - i)), T0)
+            // every slot of every device is asked for four times at once, and slot 3 (out of range) too
+            const attempts = devices.flatMap((d) => [0, 1, 2, 3].flatMap((slot) => [0, 1, 2, 3].map(() => ({ deviceId: d.id, slot }))))
+            const results = yield* Effect.all(
+              attempts.map((r) => Effect.either(s.claim({ ...r, now: T0, config }))),
+              { concurrency: "unbounded" }
+            )
+            const won = results.flatMap((r) => (Either.isRight(r) && r.right !== null ? [r.right] : []))
+            expect(won).toHaveLength(24)
+            expect(new Set(won.map((a) => a.identity)).size).toBe(24)
+            for (const d of devices) expect(won.filter((a) => a.deviceId === d.id).length).toBeLessThanOrEqual(3)
+            const lost = results.flatMap((r) => (Either.isLeft(r) ? [r.left.reason] : []))
+            expect(new Set(lost)).toEqual(new Set(["slot_busy", "capacity"]))
+            const active = yield* s.listAssignments({ state: "active", limit: 100 })
+            expect(active).toHaveLength(24)
+            expect(yield* s.countTargets()).toEqual([
+              { source: "github", status: "in_progress", count: 24 },
+              { source: "github", status: "pending", count: 16 }
+            ])
+          }))
+
+        test("racing claims under a per-source cap never exceed it", (s) =>
+          Effect.gen(function* () {
+            const devices = yield* Effect.forEach([0, 1, 2, 3, 4, 5, 6, 7], (i) => addDevice(s, 2, `capped-${i}`))
+            yield* s.recordObservations(Array.from({ length: 30 }, (_, i) => obs(i % 2 === 0 ? "github" : "gitlab", `cap/${i}`, null)), T0)
+            const results = yield* Effect.all(
+              devices.flatMap((d) => [0, 1].map((slot) => Effect.either(s.claim({ deviceId: d.id, slot, now: T0, config, sourceCap: 3 })))),
+              { concurrency: "unbounded" }
+            )
+            const won = results.flatMap((r) => (Either.isRight(r) && r.right !== null ? [r.right] : []))
+            expect(won.filter((a) => a.source === "github")).toHaveLength(3)
+            expect(won.filter((a) => a.source === "gitlab")).toHaveLength(3)
+          }))
+
+        test("racing promotions promote each covered revision at most once", (s) =>
+          Effect.gen(function* () {
+            const d = yield* addDevice(s, 20)
+            yield* s.recordObservations(Array.from({ length: 20 }, (_, i) => obs("gitlab", `p/${i}`, T0 - DAY)), T0)
+            const as = yield* Effect.forEach(Array.from({ length: 20 }, (_, i) => i), (slot) => claimed(s, d.id, slot, T0 + slot))
+            yield* Effect.forEach(as, (a) => finish(s, a, T0 + 30 * MIN))
+            yield* s.recordObservations(Array.from({ length: 20 }, (_, i) => obs("gitlab", `p/${i}`, T0 + 2 * HOUR)), T0 + 3 * HOUR)
+            const cycles = yield* Effect.all(
+              Array.from({ length: 12 }, () => s.promote("gitlab", rule(4, HOUR), T0 + 2 * DAY)),
+              { concurrency: "unbounded" }
+            )
+            const promoted = cycles.flatMap((c) => c.promoted)
+            expect(promoted.length).toBe(20)
+            expect(new Set(promoted).size).toBe(20)
+            for (const c of cycles) expect(c.promoted.length).toBeLessThanOrEqual(4)
+            const ts = yield* Effect.forEach(promoted, (i) => s.getTarget("gitlab", i))
+            for (const t of ts) expect(t).toMatchObject({ status: "pending", fence: 2 })
+          }))
+
+        test("interleaved progress retries never duplicate a timeline event", (s) =>
+          Effect.gen(function* () {
+            const d = yield* addDevice(s, 4)
+            yield* s.recordObservations([0, 1, 2, 3].map((i) => obs("github", `prog/${i}`, null)), T0)
+            const as = yield* Effect.forEach([0, 1, 2, 3], (slot) => claimed(s, d.id, slot, T0))
+            const run = normalRun(T0)
+            // each retry resends everything up to its own position, as an outbox does after a lost response
+            const sends = as.flatMap((a) => run.flatMap((_, i) => [0, 1].map((k) => ({ a, events: run.slice(0, i + 1), now: T0 + i * 1000 + k }))))
+            const results = yield* Effect.all(
+              sends.map((x) => Effect.either(s.appendProgress(auth(x.a, x.now), x.events))),
+              { concurrency: 16 }
+            )
+            // a batch may lose a race only as a gap (a later batch arrived first), never as a conflict
+            for (const r of results) if (Either.isLeft(r)) expect(r.left).toMatchObject({ reason: "sequence_gap" })
+            for (const a of as) {
+              yield* s.appendProgress(auth(a, T0 + HOUR), run)
+              const tl = yield* s.timeline(a.reservationId)
+              expect(tl.map((e) => e.seq)).toEqual(run.map((e) => e.seq))
+              const firstAcceptance = new Map<number, number>()
+              for (const r of results)
+                if (Either.isRight(r) && r.right.assignment.reservationId === a.reservationId)
+                  for (const acc of r.right.results) {
+                    const prior = firstAcceptance.get(acc.seq)
+                    if (prior !== undefined) expect(acc.acceptedAt).toBe(prior)
+                    firstAcceptance.set(acc.seq, acc.acceptedAt)
+                  }
+              for (const e of tl) expect(firstAcceptance.get(e.seq) ?? e.acceptedAt).toBe(e.acceptedAt)
+            }
+          }))
+
+        test("racing result retries and expiry sweeps settle each reservation once", (s) =>
+          Effect.gen(function* () {
+            const d = yield* addDevice(s, 10)
+            yield* s.recordObservations(Array.from({ length: 10 }, (_, i) => obs("github", `settle/${i}`, null)), T0)
+            const as = yield* Effect.forEach(Array.from({ length: 10 }, (_, i) => i), (slot) => claimed(s, d.id, slot, T0))
+            const [finishing, expiring] = [as.slice(0, 5), as.slice(5)]
+            const receipts = yield* Effect.all(
+              finishing.flatMap((a) => [0, 1, 2].map((k) => finish(s, a, T0 + MIN + k))),
+              { concurrency: "unbounded" }
+            )
+            for (const a of finishing) expect(new Set(receipts.filter((r) => r.reservationId === a.reservationId).map((r) => r.acceptedAt)).size).toBe(1)
+            const sweeps = yield* Effect.all(
+              Array.from({ length: 8 }, () => s.expireDue({ now: T0 + 2 * DAY, maxAttempts: 3, limit: 100 })),
+              { concurrency: "unbounded" }
+            )
+            const expired = sweeps.flat().map((a) => a.reservationId).sort((x, y) => x - y)
+            expect(expired).toEqual(expiring.map((a) => a.reservationId).sort((x, y) => x - y))
+            for (const a of expiring) expect(yield* s.getTarget("github", a.identity)).toMatchObject({ status: "pending", fence: a.fence + 1 })
+          }))
+      })
+    } else {
+      it.skip(`real concurrency: ${name} declares { concurrency: false }, so the racing tests do not run against it`, () => {})
+    }
+
+    const runs = capabilities.modelRuns ?? 12
+    describe("model-based", () => {
+      if (runs > 0)
+        it.live(
+          "random command sequences leave the same observable state as core's model after every step",
+          () => Model.check(makeStore, () => Store.Store.of(MemoryStore.make()), runs),
+          120_000
+        )
+      else it.skip(`model-based comparison: ${name} runs it with modelRuns: 0, so it does not run`, () => {})
+    })
+  })
+

@@ -1,0 +1,36 @@
+import { Migrator, type SqlClient, type SqlError } from "@effect/sql"
+import { Effect } from "effect"
+import pg0001 from "./migrations/pg/0001_queue.js"
+import pg0002 from "./migrations/pg/0002_history.js"
+import sqlite0001 from "./migrations/sqlite/0001_queue.js"
+import sqlite0002 from "./migrations/sqlite/0002_history.js"
+
+/** The SQL dialects scanfleet ships migrations for. */
+export type Dialect = "pg" | "sqlite"
+
+/** The table that records which migrations ran. */
+export const table = "scanfleet_migrations"
+
+// Static imports, so a bundle carries its migrations and never reads the file system.
+const migrations: Record<Dialect, Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>>> = {
+  pg: { "0001_queue": pg0001, "0002_history": pg0002 },
+  sqlite: { "0001_queue": sqlite0001, "0002_history": sqlite0002 }
+}
+
+/** The migration ids of a dialect, in order (both dialects share one list). */
+export const ids = (dialect: Dialect): ReadonlyArray<string> => Object.keys(migrations[dialect]).sort()
+
+/** The newest schema version this build knows. */
+export const latest: number = Math.max(...ids("pg").map((id) => Number(id.slice(0, 4))))
+
+/**
+ * Runs the forward-only migrations of a dialect that have not run yet; returns
+ * those it ran as `[id, name]`.
+ *
+ * @example
+ * yield* Migrator.migrate("sqlite")
+ */
+export const migrate = (
+  dialect: Dialect
+): Effect.Effect<ReadonlyArray<readonly [id: number, name: string]>, Migrator.MigrationError | SqlError.SqlError, SqlClient.SqlClient> =>
+  Migrator.make({})({ loader: Migrator.fromRecord(migrations[dialect]), table })

@@ -1,0 +1,381 @@
+import { SqlClient } from "@effect/sql"
+import { Effect, Either, Schedule } from "effect"
+import { Assignment, Claim, Deadline, Errors, Percentile, Source, type Store } from "@scanfleet/core"
+import * as Codec from "./Codec.js"
+import * as Rules from "./Rules.js"
+import { mapped } from "./SqlErrors.js"
+import { claimNext } from "./queries/claimNext.js"
+import * as Promote from "./queries/promote.js"
+import * as Record from "./queries/recordObservations.js"
+
+type Row = { readonly [column: string]: unknown }
+
+// Ids are integers in every table; anything else can only miss, as in core's model.
+const isId = (n: number) => Number.isSafeInteger(n)
+const byText = (a: string, b: string) => a.localeCompare(b)
+
+/**
+ * The Store port over an `@effect/sql` client. Postgres and SQLite share the
+ * statements; where they differ (row locks, batch shapes, percentiles) the
+ * dialect is chosen here. Every method is one statement or one transaction,
+ * and every SqlError leaves as a StoreError.
+ */
+export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> = Effect.gen(function* () {
+  const sql = yield* SqlClient.SqlClient
+  const isPg = sql.onDialectOrElse({ pg: () => true, orElse: () => false })
+  const forUpdate = sql.literal(isPg ? " FOR UPDATE" : "")
+
+  // SQLite's client opens transactions with a deferred BEGIN; a first no-op
+  // write takes the database's write lock at once, as BEGIN IMMEDIATE would, so
+  // a transaction never reads and then fails to upgrade (SQLITE_BUSY).
+  const writeLock = isPg ? Effect.void : sql`UPDATE targets SET fence = fence WHERE 0`
+  const transaction = <A, E, R>(self: Effect.Effect<A, E, R>) =>
+    mapped(sql.withTransaction(Effect.zipRight(writeLock, self)))
+  // A deadlock or serialization failure aborted the whole statement: it is safe to run again.
+  const retryConflicts = <A, E extends { readonly _tag: string }, R>(self: Effect.Effect<A, E, R>) =>
+    Effect.retry(self, {
+      while: (e) => e instanceof Errors.StoreError && e.reason === "conflict",
+      schedule: Schedule.intersect(Schedule.exponential("5 millis"), Schedule.recurs(4))
+    })
+  const jsonParam = (v: unknown) => (isPg ? sql`${JSON.stringify(v)}::jsonb` : sql`${JSON.stringify(v)}`)
+
+  const loadAssignment = (reservationId: number, lock: boolean) =>
+    isId(reservationId)
+      ? Effect.map(
+          sql<Row>`SELECT * FROM assignments WHERE reservation_id = ${reservationId}${lock ? forUpdate : sql.literal("")}`,
+          (rows) => (rows.length === 0 ? undefined : Codec.assignment(rows[0]))
+        )
+      : Effect.succeed(undefined)
+
+  const loadTarget = (id: number) =>
+    Effect.map(sql<Row>`SELECT ${sql.literal(Codec.targetColumns)} FROM targets WHERE id = ${id}${forUpdate}`, (rows) => Codec.target(rows[0]))
+
+  // Ownership and fence first, then the caller's own checks, as core's model orders them.
+  const authorized = (auth: { deviceId: number; reservationId: number; fence: number }) =>
+    Effect.flatMap(loadAssignment(auth.reservationId, true), (a) => Either.match(Rules.authorize(auth, a), { onLeft: Effect.fail, onRight: Effect.succeed }))
+
+  const live = (a: Assignment.Assignment, now: number) => Either.match(Rules.requireLive(a, now), { onLeft: Effect.fail, onRight: Effect.succeed })
+
+  const store: Store.StoreShape = {
+    recordObservations: (batch, now) =>
+      retryConflicts(isPg ? mapped(Record.pg(sql, batch, now)) : transaction(Record.sqlite(sql, batch, now))),
+
+    promote: (source, rule, now) =>
+      Source.hasRemoteTimestamp(source)
+        ? retryConflicts(isPg ? mapped(Promote.pg(sql, source, rule, now)) : transaction(Promote.sqlite(sql, source, rule, now)))
+        : Effect.succeed({ promoted: [], deferred: 0 }),
+
+    claim: (req) =>
+      transaction(
+        Effect.gen(function* () {
+          const unknown = new Errors.ClaimRejected({ reason: "unknown_device", message: `device ${req.deviceId} is not registered or was revoked` })
+          if (!isId(req.deviceId)) return yield* unknown
+          // The device row lock serialises this device's claims, so its capacity holds under concurrency.
+          const [d] = yield* sql<Row>`SELECT id, slots, revoked_at FROM devices WHERE id = ${req.deviceId}${forUpdate}`
+          if (!d || d.revoked_at !== null) return yield* unknown
+          const slots = Number(d.slots)
+          if (!Number.isInteger(req.slot) || req.slot < 0 || req.slot >= slots)
+            return yield* new Errors.ClaimRejected({ reason: "capacity", message: `slot ${req.slot} is outside the device's ${slots} slots` })
+          const mine = yield* sql<{ slot: number }>`SELECT slot FROM assignments WHERE device_id = ${req.deviceId} AND state = 'active'`
+          if (mine.some((a) => Number(a.slot) === req.slot))
+            return yield* new Errors.ClaimRejected({ reason: "slot_busy", message: `slot ${req.slot} already holds a reservation` })
+          if (mine.length >= slots) return yield* new Errors.ClaimRejected({ reason: "capacity", message: `device holds ${mine.length} of ${slots} slots` })
+          // A fleet-wide cap is a count over other devices' rows: serialise capped claims so two cannot both see room.
+          if (isPg && req.sourceCap !== undefined) yield* sql`SELECT pg_advisory_xact_lock(${CAP_LOCK})`
+          const t = yield* claimNext(sql, req, isPg)
+          if (t === null) return null
+          const { policy, deadlines } = Deadline.issueFor(req.config, t.source, req.now)
+          const [{ reservation_id }] = yield* sql<{ reservation_id: number }>`
+            INSERT INTO assignments (target_id, source, identity, device_id, slot, fence, policy, covered_remote_at,
+              issued_at, scan_deadline, upload_deadline, expires_at, state)
+            VALUES (${t.id}, ${t.source}, ${t.identity}, ${req.deviceId}, ${req.slot}, ${t.fence}, ${jsonParam(policy)}, ${t.coveredRemoteAt},
+              ${deadlines.issuedAt}, ${deadlines.scanDeadline}, ${deadlines.uploadDeadline}, ${deadlines.expiresAt}, 'active')
+            RETURNING reservation_id`
+          const a: Assignment.Assignment = {
+            ...deadlines,
+            reservationId: Number(reservation_id),
+            targetId: t.id,
+            source: t.source,
+            identity: t.identity,
+            deviceId: req.deviceId,
+            slot: req.slot,
+            fence: t.fence,
+            policy,
+            coveredRemoteAt: t.coveredRemoteAt,
+            state: "active",
+            lastPhase: null,
+            lastSeq: 0,
+            lastProgressAt: null,
+            outcome: null,
+            finalPhase: null,
+            endedAt: null,
+            expiry: null
+          }
+          return a
+        })
+      ),
+
+    appendProgress: (auth, batch) =>
+      transaction(
+        Effect.gen(function* () {
+          // Locking the reservation serialises retries of one batch, so a sequence is stored once.
+          const a = yield* authorized(auth)
+          const seqs = [...new Set(batch.map((e) => e.seq))].filter(Number.isSafeInteger)
+          const stored =
+            seqs.length === 0
+              ? []
+              : (yield* sql<Row>`SELECT * FROM progress_events WHERE reservation_id = ${a.reservationId} AND seq IN ${sql.in(seqs)}`).map(Codec.event)
+          const plan = Rules.planProgress(a, stored, batch, auth.now)
+          if (Either.isLeft(plan)) return yield* Effect.fail(plan.left)
+          const { fresh, assignment, results } = plan.right
+          if (fresh.length > 0) {
+            yield* sql`INSERT INTO progress_events ${sql.insert(
+              fresh.map((e) => ({
+                reservation_id: a.reservationId,
+                seq: e.seq,
+                kind: e.kind,
+                phase: e.phase,
+                at: e.at,
+                detail: e.detail ?? null,
+                accepted_at: e.acceptedAt
+              }))
+            )}`
+            yield* sql`UPDATE assignments SET last_phase = ${assignment.lastPhase}, last_seq = ${assignment.lastSeq},
+              last_progress_at = ${assignment.lastProgressAt} WHERE reservation_id = ${a.reservationId}`
+          }
+          return { results, assignment }
+        })
+      ),
+
+    submitResult: (input) =>
+      transaction(
+        Effect.gen(function* () {
+          const a = yield* authorized(input)
+          const prior = yield* sql<Row>`SELECT * FROM results WHERE reservation_id = ${a.reservationId}`
+          if (prior.length > 0) return Codec.receipt(prior[0])
+          yield* live(a, input.now)
+          if (input.now > a.uploadDeadline)
+            return yield* Rules.refuse("upload_deadline_passed", a.reservationId, `the result-upload deadline passed at ${new Date(a.uploadDeadline).toISOString()}`)
+          const t = yield* loadTarget(a.targetId)
+          if (!Claim.holds(t, a.fence)) return yield* Rules.lostTarget(a, t.id)
+          const status = Assignment.targetStatusAfter(input.outcome)
+          yield* status === "completed"
+            ? sql`UPDATE targets SET status = 'completed', completed_at = ${input.now} WHERE id = ${t.id} AND status = 'in_progress' AND fence = ${a.fence}`
+            : sql`UPDATE targets SET status = ${status} WHERE id = ${t.id} AND status = 'in_progress' AND fence = ${a.fence}`
+          const receipt: Assignment.Receipt = { receiptId: `rc-${a.reservationId}-${a.fence}`, reservationId: a.reservationId, outcome: input.outcome, acceptedAt: input.now }
+          yield* sql`INSERT INTO results (reservation_id, receipt_id, outcome, accepted_at, body)
+            VALUES (${a.reservationId}, ${receipt.receiptId}, ${receipt.outcome}, ${receipt.acceptedAt}, ${input.body})`
+          const evs = (yield* sql<Row>`SELECT * FROM progress_events WHERE reservation_id = ${a.reservationId} ORDER BY seq`).map(Codec.event)
+          const uploading = evs.find((e) => e.kind === "phase" && e.phase === "uploading")
+          const ds = Assignment.durationsOf(a, evs, input.outcome, input.now, uploading ? uploading.acceptedAt : null)
+          yield* insertDurations(ds)
+          yield* sql`UPDATE assignments SET state = ${status === "completed" ? "completed" : "failed"}, outcome = ${input.outcome},
+            final_phase = ${input.finalPhase}, ended_at = ${input.now} WHERE reservation_id = ${a.reservationId}`
+          return receipt
+        })
+      ),
+
+    release: (auth) =>
+      transaction(
+        Effect.gen(function* () {
+          const a = yield* Effect.flatMap(authorized(auth), (a) => live(a, auth.now))
+          const t = yield* loadTarget(a.targetId)
+          if (!Claim.holds(t, a.fence)) return yield* Rules.lostTarget(a, t.id)
+          yield* sql`UPDATE targets SET status = 'pending', fence = fence + 1 WHERE id = ${t.id} AND status = 'in_progress' AND fence = ${a.fence}`
+          yield* sql`UPDATE assignments SET state = 'released', ended_at = ${auth.now} WHERE reservation_id = ${a.reservationId}`
+          return { ...a, state: "released", endedAt: auth.now } satisfies Assignment.Assignment
+        })
+      ),
+
+    expireDue: (req) =>
+      transaction(
+        Effect.gen(function* () {
+          const limit = Math.max(0, Math.floor(req.limit))
+          if (limit === 0) return []
+          // SKIP LOCKED: two sweepers expire disjoint sets; a reservation being completed right now is left alone.
+          const due = (yield* sql<Row>`
+            SELECT * FROM assignments WHERE state = 'active' AND expires_at <= ${req.now}
+            ORDER BY expires_at, reservation_id LIMIT ${limit}${isPg ? sql.literal(" FOR UPDATE SKIP LOCKED") : sql.literal("")}`).map(Codec.assignment)
+          if (due.length === 0) return []
+          const ids = due.map((a) => a.reservationId)
+          yield* sql`
+            UPDATE targets SET status = CASE WHEN attempts < ${req.maxAttempts} THEN 'pending' ELSE 'failed' END, fence = fence + 1
+            WHERE status = 'in_progress' AND (id, fence) IN (SELECT target_id, fence FROM assignments WHERE reservation_id IN ${sql.in(ids)})`
+          yield* sql`
+            UPDATE assignments SET state = 'expired', ended_at = ${req.now}, expired_at = ${req.now},
+              expiry_last_phase = last_phase, expiry_last_progress_at = last_progress_at
+            WHERE reservation_id IN ${sql.in(ids)}`
+          return due.map(
+            (a): Assignment.Assignment => ({
+              ...a,
+              state: "expired",
+              endedAt: req.now,
+              expiry: { lastPhase: a.lastPhase, lastProgressAt: a.lastProgressAt, expiredAt: req.now }
+            })
+          )
+        })
+      ),
+
+    getAssignment: (reservationId) =>
+      Effect.flatMap(mapped(loadAssignment(reservationId, false)), (a) =>
+        a ? Effect.succeed(a) : Effect.fail(new Errors.NotFound({ entity: "assignment", key: String(reservationId) }))
+      ),
+
+    listAssignments: (q) => {
+      const limit = Math.max(0, Math.floor(q.limit))
+      if (limit === 0) return Effect.succeed([])
+      const filters = [sql`1 = 1`]
+      if (q.state !== undefined) filters.push(sql`state = ${q.state}`)
+      if (q.deviceId !== undefined) filters.push(isId(q.deviceId) ? sql`device_id = ${q.deviceId}` : sql`1 = 0`)
+      return mapped(
+        Effect.map(sql<Row>`SELECT * FROM assignments WHERE ${sql.and(filters)} ORDER BY reservation_id DESC LIMIT ${limit}`, (rows) => rows.map(Codec.assignment))
+      )
+    },
+
+    timeline: (reservationId) =>
+      isId(reservationId)
+        ? mapped(Effect.map(sql<Row>`SELECT * FROM progress_events WHERE reservation_id = ${reservationId} ORDER BY seq`, (rows) => rows.map(Codec.event)))
+        : Effect.succeed([]),
+
+    getTarget: (source, identity) =>
+      Effect.flatMap(
+        mapped(sql<Row>`SELECT ${sql.literal(Codec.targetColumns)} FROM targets WHERE source = ${source} AND identity = ${identity}`),
+        (rows) => (rows.length === 0 ? Effect.fail(new Errors.NotFound({ entity: "target", key: `${source}:${identity}` })) : Effect.succeed(Codec.target(rows[0])))
+      ),
+
+    countTargets: () =>
+      mapped(
+        Effect.map(sql<Row>`SELECT source, status, count(*) AS n FROM targets GROUP BY source, status`, (rows) =>
+          rows
+            .map((r) => ({ source: r.source as Store.TargetCount["source"], status: r.status as Store.TargetCount["status"], count: Number(r.n) }))
+            .sort((a, b) => byText(a.source, b.source) || byText(a.status, b.status))
+        )
+      ),
+
+    recordCycle: (c) =>
+      mapped(
+        Effect.map(
+          sql<{ id: number }>`
+            INSERT INTO cycles (source, started_at, ended_at, pages, results, malformed, queued_new_count, queued_updated_count, deferred_count, stop_reason, error)
+            VALUES (${c.source}, ${c.startedAt}, ${c.endedAt}, ${c.pages}, ${c.results}, ${c.malformed}, ${c.queuedNewCount}, ${c.queuedUpdatedCount},
+              ${c.deferredCount}, ${c.stopReason}, ${c.error})
+            RETURNING id`,
+          ([r]) => ({ ...c, id: Number(r.id) })
+        )
+      ),
+
+    listCycles: (q) => {
+      const limit = Math.max(0, Math.floor(q.limit))
+      if (limit === 0) return Effect.succeed([])
+      return mapped(
+        Effect.map(
+          q.source === undefined
+            ? sql<Row>`SELECT * FROM cycles ORDER BY id DESC LIMIT ${limit}`
+            : sql<Row>`SELECT * FROM cycles WHERE source = ${q.source} ORDER BY id DESC LIMIT ${limit}`,
+          (rows) => rows.map(Codec.cycle)
+        )
+      )
+    },
+
+    recordDurations: (ds) => mapped(insertDurations(ds)),
+
+    percentiles: (q) => {
+      const filters = [sql`at >= ${q.from}`, sql`at < ${q.to}`]
+      if (q.source) filters.push(sql`source = ${q.source}`)
+      if (q.metric) filters.push(sql`metric = ${q.metric}`)
+      if (q.outcome) filters.push(sql`outcome = ${q.outcome}`)
+      const where = sql.and(filters)
+      const groups = isPg
+        ? // percentile_cont interpolates between closest ranks, the method core's Percentile.cont implements.
+          Effect.map(
+            sql<Row>`
+              SELECT source, metric, outcome, count(*) AS n,
+                percentile_cont(0.5::float8) WITHIN GROUP (ORDER BY ms) AS p50,
+                percentile_cont(0.95::float8) WITHIN GROUP (ORDER BY ms) AS p95,
+                percentile_cont(0.99::float8) WITHIN GROUP (ORDER BY ms) AS p99
+              FROM durations WHERE ${where} GROUP BY source, metric, outcome`,
+            (rows) => rows.map((r) => ({ key: r, n: Number(r.n), values: [Number(r.p50), Number(r.p95), Number(r.p99)] as const }))
+          )
+        : // SQLite has no ordered-set aggregates: read each group's values in order and interpolate the same way.
+          Effect.map(sql<Row>`SELECT source, metric, outcome, ms FROM durations WHERE ${where} ORDER BY source, metric, outcome, ms`, (rows) => {
+            const by = new Map<string, { key: Row; values: Array<number> }>()
+            for (const r of rows) {
+              const k = `${r.source}/${r.metric}/${r.outcome}`
+              const g = by.get(k) ?? { key: r, values: [] }
+              g.values.push(Number(r.ms))
+              by.set(k, g)
+            }
+            return [...by.values()].map((g) => {
+              const sorted = g.values.sort((a, b) => a - b)
+              return { key: g.key, n: sorted.length, values: [Percentile.cont(sorted, 0.5), Percentile.cont(sorted, 0.95), Percentile.cont(sorted, 0.99)] as const }
+            })
+          })
+      return mapped(
+        Effect.map(groups, (gs) =>
+          gs
+            .map(
+              (g): Store.PercentileRow => ({
+                source: g.key.source as Store.PercentileRow["source"],
+                metric: g.key.metric as Store.PercentileRow["metric"],
+                outcome: g.key.outcome as Store.PercentileRow["outcome"],
+                ...Percentile.label(g.n, g.values, q.minSamples)
+              })
+            )
+            .sort((a, b) => byText(a.source, b.source) || byText(a.metric, b.metric) || byText(a.outcome, b.outcome))
+        )
+      )
+    },
+
+    activeConfig: () =>
+      mapped(Effect.map(sql<Row>`SELECT * FROM config_versions ORDER BY version DESC LIMIT 1`, (rows) => (rows.length === 0 ? null : Codec.configVersion(rows[0])))),
+
+    applyConfig: (document, appliedBy, now) =>
+      retryConflicts(
+        transaction(
+          Effect.map(
+            sql<{ version: number }>`
+              INSERT INTO config_versions (version, document, applied_by, applied_at)
+              SELECT COALESCE(MAX(version), 0) + 1, ${jsonParam(document)}, ${appliedBy}, ${now} FROM config_versions
+              RETURNING version`,
+            ([r]): Store.ConfigVersion => ({ version: Number(r.version), document, appliedBy, appliedAt: now })
+          )
+        ).pipe(
+          // Two concurrent applies compute the same next version; the loser's primary-key violation is retried.
+          Effect.mapError((e) => (e.reason === "constraint" ? new Errors.StoreError({ ...e, reason: "conflict" }) : e))
+        )
+      ),
+
+    addDevice: (d) =>
+      mapped(
+        Effect.map(
+          sql<{ id: number }>`INSERT INTO devices (name, slots, token_hash, created_at) VALUES (${d.name}, ${d.slots}, ${d.tokenHash}, ${d.now}) RETURNING id`,
+          ([r]): Store.Device => ({ id: Number(r.id), name: d.name, slots: d.slots, createdAt: d.now, revokedAt: null })
+        )
+      ),
+
+    deviceByTokenHash: (tokenHash) =>
+      mapped(
+        Effect.map(sql<Row>`SELECT * FROM devices WHERE token_hash = ${tokenHash} AND revoked_at IS NULL ORDER BY id LIMIT 1`, (rows) =>
+          rows.length === 0 ? null : Codec.device(rows[0])
+        )
+      ),
+
+    revokeDevice: (id, now) =>
+      Effect.flatMap(
+        isId(id) ? mapped(sql<Row>`UPDATE devices SET revoked_at = COALESCE(revoked_at, ${now}) WHERE id = ${id} RETURNING id`) : Effect.succeed([]),
+        (rows) => (rows.length === 0 ? Effect.fail(new Errors.NotFound({ entity: "device", key: String(id) })) : Effect.void)
+      )
+  }
+
+  function insertDurations(ds: ReadonlyArray<Assignment.Duration>) {
+    return ds.length === 0
+      ? Effect.void
+      : Effect.asVoid(sql`INSERT INTO durations ${sql.insert(ds.map((d) => ({ source: d.source, metric: d.metric, outcome: d.outcome, ms: d.ms, at: d.at })))}`)
+  }
+
+  return store
+})
+
+// The advisory lock key that serialises claims under a per-source cap ("sfcap" in ASCII).
+const CAP_LOCK = 0x7366636170
+

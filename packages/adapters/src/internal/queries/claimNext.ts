@@ -1,0 +1,40 @@
+import type { SqlClient } from "@effect/sql"
+import { Effect } from "effect"
+import type { Source, Target } from "@scanfleet/core"
+import * as Codec from "../Codec.js"
+
+/**
+ * Takes the lowest-id pending target (within the allowed sources and under the
+ * per-source in-flight cap) and applies core's claim in the same statement:
+ * `covered_remote_at` := `observed_remote_at` as it is now, fence and attempts
+ * bumped, scan start stamped. On Postgres the candidate is locked with
+ * `SKIP LOCKED`, so concurrent claimers never wait on each other nor take the
+ * same row; SQLite runs it under the write lock of its transaction.
+ */
+export const claimNext = (
+  sql: SqlClient.SqlClient,
+  req: { readonly now: number; readonly sources?: ReadonlyArray<Source.Source>; readonly sourceCap?: number },
+  skipLocked: boolean
+) =>
+  Effect.gen(function* () {
+    const filters = [sql`c.status = 'pending'`]
+    if (req.sources) filters.push(req.sources.length === 0 ? sql`1 = 0` : sql`c.source IN ${sql.in(req.sources)}`)
+    if (req.sourceCap !== undefined)
+      filters.push(sql`c.source NOT IN (
+        SELECT a.source FROM assignments a WHERE a.state = 'active' GROUP BY a.source HAVING count(*) >= ${req.sourceCap})`)
+    const rows = yield* sql<Record<string, unknown>>`
+      UPDATE targets SET
+        status = 'in_progress',
+        covered_remote_at = observed_remote_at,
+        fence = fence + 1,
+        last_scan_started_at = ${req.now},
+        attempts = attempts + 1
+      WHERE status = 'pending' AND id = (
+        SELECT c.id FROM targets c
+        WHERE ${sql.and(filters)}
+        ORDER BY c.id
+        LIMIT 1${skipLocked ? sql.literal(" FOR UPDATE SKIP LOCKED") : sql.literal("")}
+      )
+      RETURNING ${sql.literal(Codec.targetColumns)}`
+    return rows.length === 0 ? null : (Codec.target(rows[0]) satisfies Target.Target)
+  })

@@ -1,0 +1,87 @@
+import type { SqlClient } from "@effect/sql"
+import { Effect } from "effect"
+import { type Store, Target } from "@scanfleet/core"
+
+interface Row {
+  readonly source: string
+  readonly identity: string
+  readonly remoteAt: number | null
+  readonly ord: number
+}
+
+/**
+ * Folds a batch into one row per target, in order of first appearance: an
+ * upsert may touch a row only once per statement, and repeated records of one
+ * identity merge exactly as core's `Target.observe` merges them.
+ */
+export const fold = (batch: ReadonlyArray<Target.Observation>): ReadonlyArray<Row> => {
+  const rows = new Map<string, Row>()
+  for (const o of batch) {
+    const key = `${o.source}\u0000${o.identity}`
+    const prior = rows.get(key)
+    rows.set(
+      key,
+      prior
+        ? { ...prior, remoteAt: Target.mergeObserved(prior.remoteAt, o.remoteAt) }
+        : { source: o.source, identity: o.identity, remoteAt: o.remoteAt, ord: rows.size }
+    )
+  }
+  return [...rows.values()]
+}
+
+const result = (batch: ReadonlyArray<Target.Observation>, rows: ReadonlyArray<Row>, inserted: ReadonlyArray<{ source: string; identity: string }>): Store.RecordResult => {
+  const ordOf = new Map(rows.map((r) => [`${r.source}\u0000${r.identity}`, r.ord]))
+  const identities = inserted
+    .map((r) => ({ identity: r.identity, ord: ordOf.get(`${r.source}\u0000${r.identity}`) ?? 0 }))
+    .sort((a, b) => a.ord - b.ord)
+    .map((r) => r.identity)
+  return { inserted: identities, known: batch.length - identities.length }
+}
+
+/**
+ * Postgres: one statement for the whole batch. The arrays are unnested in batch
+ * order, so new ids follow the order of discovery; `GREATEST` ignores NULLs, and
+ * the `WHERE` keeps unchanged known rows from being rewritten. `xmax = 0` marks
+ * the rows this statement inserted.
+ */
+export const pg = (sql: SqlClient.SqlClient, batch: ReadonlyArray<Target.Observation>, now: number) =>
+  Effect.gen(function* () {
+    if (batch.length === 0) return { inserted: [], known: 0 }
+    const rows = fold(batch)
+    const out = yield* sql<{ source: string; identity: string; inserted: boolean }>`
+      INSERT INTO targets (source, identity, status, observed_remote_at, discovered_at)
+      SELECT i.source, i.identity, 'pending', i.remote_at, ${now}::bigint
+      FROM unnest(${rows.map((r) => r.source)}::text[], ${rows.map((r) => r.identity)}::text[],
+                  ${rows.map((r) => r.remoteAt)}::bigint[], ${rows.map((r) => r.ord)}::int[]) AS i(source, identity, remote_at, ord)
+      ORDER BY i.ord
+      ON CONFLICT (source, identity) DO UPDATE
+        SET observed_remote_at = GREATEST(targets.observed_remote_at, EXCLUDED.observed_remote_at)
+        WHERE EXCLUDED.observed_remote_at IS NOT NULL
+          AND (targets.observed_remote_at IS NULL OR EXCLUDED.observed_remote_at > targets.observed_remote_at)
+      RETURNING source, identity, (xmax = 0) AS inserted`
+    return result(batch, rows, out.filter((r) => r.inserted))
+  })
+
+/**
+ * SQLite: inside the caller's write transaction, one statement over the batch
+ * as a JSON array. SQLite's two-argument `MAX()` returns NULL if either side is,
+ * so the `WHERE` does the null handling. Rows with an id above the previous
+ * maximum are the inserted ones (the write lock is held throughout).
+ */
+export const sqlite = (sql: SqlClient.SqlClient, batch: ReadonlyArray<Target.Observation>, now: number) =>
+  Effect.gen(function* () {
+    if (batch.length === 0) return { inserted: [], known: 0 }
+    const rows = fold(batch)
+    const [{ top }] = yield* sql<{ top: number }>`SELECT COALESCE(MAX(id), 0) AS top FROM targets`
+    const doc = JSON.stringify(rows.map((r) => [r.source, r.identity, r.remoteAt]))
+    const out = yield* sql<{ id: number; source: string; identity: string }>`
+      INSERT INTO targets (source, identity, status, observed_remote_at, discovered_at)
+      SELECT j.value ->> 0, j.value ->> 1, 'pending', j.value ->> 2, ${now}
+      FROM json_each(${doc}) AS j WHERE true ORDER BY j.key
+      ON CONFLICT (source, identity) DO UPDATE
+        SET observed_remote_at = MAX(COALESCE(targets.observed_remote_at, excluded.observed_remote_at), excluded.observed_remote_at)
+        WHERE excluded.observed_remote_at IS NOT NULL
+          AND (targets.observed_remote_at IS NULL OR excluded.observed_remote_at > targets.observed_remote_at)
+      RETURNING id, source, identity`
+    return result(batch, rows, out.filter((r) => r.id > top))
+  })

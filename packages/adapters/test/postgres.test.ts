@@ -1,0 +1,5 @@
+import { inject } from "vitest"
+import { conformance } from "../src/Conformance.js"
+import { freshStore } from "./support/PgSchema.js"
+
+conformance("postgres (a fresh schema per test)", () => freshStore(inject("pgUrl")), { concurrency: true })
