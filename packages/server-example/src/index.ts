@@ -1,2 +1,3 @@
 /** @scanfleet/server-example */
 export {}
+export * as Scheduler from "./Scheduler.js"
