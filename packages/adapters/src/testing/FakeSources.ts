@@ -537,6 +537,61 @@ export const start = async (options: { readonly gitlabPrefix?: string } = {}): P
   }
 }
 
+const hex64 = (n: number) => {
+  let h = ""
+  for (let i = 0; h.length < 64; i++) h += ((n * 2654435761 + i * 40503) >>> 0).toString(16).padStart(8, "0")
+  return `sha256:${h.slice(0, 64)}`
+}
+
+/**
+ * Fills the four catalogues with `perSource` deterministic entries each,
+ * their remote times spread over the `spreadMs` before `now` (for demos).
+ */
+export const seed = (fakes: FakeSources, now: number, perSource = 20, spreadMs = 30 * 86_400_000): void => {
+  for (let i = 0; i < perSource; i++) {
+    const at = now - Math.floor(((i + 1) / perSource) * spreadMs)
+    fakes.github.put(`demo-org/repo-${i}`, at)
+    fakes.gitlab.put(`demo-group/project-${i}`, at)
+    fakes.huggingface.put((["models", "datasets", "spaces"] as const)[i % 3], `demo/hf-${i}`, at, Date.UTC(2020, 0, 1) + i * 86_400_000)
+    fakes.dockerhub.tag(`demo/image-${i % Math.max(1, Math.ceil(perSource / 4))}`, `v${i}`, hex64(i + 1), at)
+  }
+}
+
+/**
+ * Changes `count` random entries of each catalogue at `now`, as pushes do:
+ * a newer `pushed_at` / `last_activity_at` / `lastModified`, and a DockerHub
+ * tag moved to a new digest. Returns the identities it touched.
+ */
+export const churn = (fakes: FakeSources, now: number, count: number, random: () => number = Math.random): ReadonlyArray<string> => {
+  // Distinct entries, drawn from a snapshot: a touched entry moves to the front of its listing.
+  const sample = <A>(xs: ReadonlyArray<A>): Array<A> => {
+    const pool = [...xs]
+    const out: Array<A> = []
+    while (out.length < count && pool.length > 0) out.push(pool.splice(Math.floor(random() * pool.length), 1)[0])
+    return out
+  }
+  const touched: Array<string> = []
+  for (const e of sample(fakes.github.list())) {
+    fakes.github.push(e.key, now)
+    touched.push(`github:${e.key}`)
+  }
+  for (const e of sample(fakes.gitlab.list())) {
+    fakes.gitlab.touch(e.key, now)
+    touched.push(`gitlab:${e.key}`)
+  }
+  for (const e of sample(fakes.huggingface.list())) {
+    const [kind, ...rest] = e.key.split("/")
+    const created = Date.parse(String(e.record.createdAt))
+    fakes.huggingface.put(kind as "models" | "datasets" | "spaces", rest.join("/"), now, Number.isFinite(created) ? created : undefined)
+    touched.push(`huggingface:${e.key}`)
+  }
+  for (const e of sample(fakes.dockerhub.list())) {
+    fakes.dockerhub.tag(e.key, "latest", hex64(Math.floor(random() * 1e9) + now), now)
+    touched.push(`dockerhub:${e.key}:latest`)
+  }
+  return touched
+}
+
 /** The four fakes as a scoped resource, closed with the scope. */
 export const scoped = (options: { readonly gitlabPrefix?: string } = {}): Effect.Effect<FakeSources, never, Scope.Scope> =>
   Effect.acquireRelease(

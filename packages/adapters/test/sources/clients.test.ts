@@ -7,7 +7,7 @@ import * as GitLab from "../../src/sources/GitLab.js"
 import * as HuggingFace from "../../src/sources/HuggingFace.js"
 import * as SourceHttp from "../../src/sources/SourceHttp.js"
 import * as FakeSources from "../../src/testing/FakeSources.js"
-import { client, configWith, cycle, DAY, fast, HOUR } from "./fixtures/Harness.js"
+import { client, configWith, cycle, DAY, fast, HOUR, scanAll } from "./fixtures/Harness.js"
 
 const digest = (n: number) => `sha256:${n.toString(16).padStart(64, "a")}`
 
@@ -91,6 +91,19 @@ describe("GitHub client", () => {
       const { cycle: r } = yield* cycle(c, MemoryStore.make(), configWith("github", {}), now)
       expect(r).toMatchObject({ results: 1, error: null })
       expect(fakes.github.requests).toHaveLength(3)
+    })
+  )
+
+  it.scopedLive("a response slower than the timeout is retried, then recorded as a timeout", () =>
+    Effect.gen(function* () {
+      const fakes = yield* FakeSources.scoped()
+      fakes.github.put("acme/a", Date.now())
+      fakes.github.delayMs = 400
+      const c = yield* client(GitHub.make({ ...fast, timeoutMs: 100, retries: 1, baseUrl: fakes.github.url, listings: [{ kind: "org", org: "acme" }] }))
+      const { cycle: r } = yield* cycle(c, MemoryStore.make(), configWith("github", {}), Date.now())
+      expect(r).toMatchObject({ stopReason: "error", pages: 0 })
+      expect(r.error).toMatch(/timeout: no complete response within 100 ms/)
+      expect(fakes.github.requests).toHaveLength(2)
     })
   )
 
@@ -302,6 +315,34 @@ describe("DockerHub client", () => {
       const { cycle: r, lines } = yield* cycle(c, MemoryStore.make(), configWith("dockerhub", {}), Date.now())
       expect(r).toMatchObject({ results: 1, malformed: 1, error: null })
       expect(lines).toContainEqual(expect.objectContaining({ event: "malformed_record", source: "dockerhub", identity: "acme/api:broken" }))
+    })
+  )
+})
+
+describe("fake source catalogues for demos", () => {
+  it.scopedLive("seed fills every source and churn makes changed targets that the next cycles promote", () =>
+    Effect.gen(function* () {
+      const fakes = yield* FakeSources.scoped()
+      const t0 = Date.UTC(2026, 5, 1)
+      FakeSources.seed(fakes, t0, 8)
+      const clients = [
+        yield* client(GitHub.make({ ...fast, baseUrl: fakes.github.url, pageSize: 3, listings: [{ kind: "org", org: "demo-org" }] })),
+        yield* client(GitLab.make({ ...fast, baseUrl: fakes.gitlab.url, pageSize: 3 })),
+        yield* client(HuggingFace.make({ ...fast, baseUrl: fakes.huggingface.url, pageSize: 3 })),
+        yield* client(DockerHub.make({ ...fast, baseUrl: fakes.dockerhub.url, namespaces: ["demo"], pageSize: 3 }))
+      ]
+      const store = MemoryStore.make()
+      for (const c of clients) expect((yield* cycle(c, store, configWith(c.source, {}), t0)).cycle).toMatchObject({ queuedNewCount: 8, malformed: 0, error: null })
+      yield* scanAll(store, t0)
+      let n = 0
+      const touched = FakeSources.churn(fakes, t0 + HOUR, 2, () => [0.1, 0.6][n++ % 2])
+      expect(touched).toHaveLength(8)
+      const later = t0 + 2 * DAY
+      const updated = []
+      for (const c of clients) updated.push((yield* cycle(c, store, configWith(c.source, {}), later)).cycle)
+      expect(updated.map((u) => u.queuedUpdatedCount)).toEqual([2, 2, 2, 0])
+      // DockerHub: the moved tag is a new identity (once per distinct repository touched).
+      expect(updated[3].queuedNewCount).toBe(2)
     })
   )
 })
