@@ -1,0 +1,147 @@
+-- Generated from the migrated schema; packages/adapters/test/schema.test.ts checks it.
+
+CREATE TABLE assignments (
+  reservation_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+  target_id bigint NOT NULL,
+  source text NOT NULL,
+  identity text NOT NULL,
+  device_id bigint NOT NULL,
+  slot integer NOT NULL,
+  fence integer NOT NULL,
+  policy jsonb NOT NULL,
+  covered_remote_at bigint,
+  issued_at bigint NOT NULL,
+  scan_deadline bigint NOT NULL,
+  upload_deadline bigint NOT NULL,
+  expires_at bigint NOT NULL,
+  state text NOT NULL,
+  last_phase text,
+  last_seq integer DEFAULT 0 NOT NULL,
+  last_progress_at bigint,
+  outcome text,
+  final_phase text,
+  ended_at bigint,
+  expired_at bigint,
+  expiry_last_phase text,
+  expiry_last_progress_at bigint
+);
+
+CREATE TABLE config_versions (
+  version integer NOT NULL,
+  document jsonb NOT NULL,
+  applied_by text NOT NULL,
+  applied_at bigint NOT NULL
+);
+
+CREATE TABLE cycles (
+  id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+  source text NOT NULL,
+  started_at bigint NOT NULL,
+  ended_at bigint NOT NULL,
+  pages integer NOT NULL,
+  results integer NOT NULL,
+  malformed integer NOT NULL,
+  queued_new_count integer NOT NULL,
+  queued_updated_count integer NOT NULL,
+  deferred_count integer NOT NULL,
+  stop_reason text NOT NULL,
+  error text
+);
+
+CREATE TABLE devices (
+  id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+  name text NOT NULL,
+  slots integer NOT NULL,
+  token_hash text NOT NULL,
+  created_at bigint NOT NULL,
+  revoked_at bigint
+);
+
+CREATE TABLE durations (
+  id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+  source text NOT NULL,
+  metric text NOT NULL,
+  outcome text NOT NULL,
+  ms double precision NOT NULL,
+  at bigint NOT NULL
+);
+
+CREATE TABLE progress_events (
+  reservation_id bigint NOT NULL,
+  seq integer NOT NULL,
+  kind text NOT NULL,
+  phase text NOT NULL,
+  at bigint NOT NULL,
+  detail text,
+  accepted_at bigint NOT NULL
+);
+
+CREATE TABLE results (
+  reservation_id bigint NOT NULL,
+  receipt_id text NOT NULL,
+  outcome text NOT NULL,
+  accepted_at bigint NOT NULL,
+  body text NOT NULL
+);
+
+CREATE TABLE scanfleet_migrations (
+  migration_id integer NOT NULL,
+  created_at timestamp with time zone DEFAULT now() NOT NULL,
+  name text NOT NULL
+);
+
+CREATE TABLE targets (
+  id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+  source text NOT NULL,
+  identity text NOT NULL,
+  status text NOT NULL,
+  observed_remote_at bigint,
+  covered_remote_at bigint,
+  completed_at bigint,
+  last_scan_started_at bigint,
+  fence integer DEFAULT 0 NOT NULL,
+  attempts integer DEFAULT 0 NOT NULL,
+  discovered_at bigint NOT NULL
+);
+
+ALTER TABLE assignments ADD CONSTRAINT assignments_device_id_fkey FOREIGN KEY (device_id) REFERENCES devices(id);
+ALTER TABLE assignments ADD CONSTRAINT assignments_pkey PRIMARY KEY (reservation_id);
+ALTER TABLE assignments ADD CONSTRAINT assignments_state_check CHECK ((state = ANY (ARRAY['active'::text, 'completed'::text, 'failed'::text, 'expired'::text, 'released'::text])));
+ALTER TABLE assignments ADD CONSTRAINT assignments_target_id_fkey FOREIGN KEY (target_id) REFERENCES targets(id);
+ALTER TABLE config_versions ADD CONSTRAINT config_versions_pkey PRIMARY KEY (version);
+ALTER TABLE cycles ADD CONSTRAINT cycles_pkey PRIMARY KEY (id);
+ALTER TABLE devices ADD CONSTRAINT devices_pkey PRIMARY KEY (id);
+ALTER TABLE devices ADD CONSTRAINT devices_slots_check CHECK ((slots >= 0));
+ALTER TABLE durations ADD CONSTRAINT durations_pkey PRIMARY KEY (id);
+ALTER TABLE progress_events ADD CONSTRAINT progress_events_pkey PRIMARY KEY (reservation_id, seq);
+ALTER TABLE progress_events ADD CONSTRAINT progress_events_reservation_id_fkey FOREIGN KEY (reservation_id) REFERENCES assignments(reservation_id);
+ALTER TABLE results ADD CONSTRAINT results_pkey PRIMARY KEY (reservation_id);
+ALTER TABLE results ADD CONSTRAINT results_receipt_id_key UNIQUE (receipt_id);
+ALTER TABLE results ADD CONSTRAINT results_reservation_id_fkey FOREIGN KEY (reservation_id) REFERENCES assignments(reservation_id);
+ALTER TABLE scanfleet_migrations ADD CONSTRAINT scanfleet_migrations_pkey PRIMARY KEY (migration_id);
+ALTER TABLE targets ADD CONSTRAINT targets_pkey PRIMARY KEY (id);
+ALTER TABLE targets ADD CONSTRAINT targets_source_check CHECK ((source = ANY (ARRAY['github'::text, 'gitlab'::text, 'huggingface'::text, 'dockerhub'::text])));
+ALTER TABLE targets ADD CONSTRAINT targets_source_identity_key UNIQUE (source, identity);
+ALTER TABLE targets ADD CONSTRAINT targets_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'in_progress'::text, 'completed'::text, 'failed'::text, 'deferred'::text, 'unresolved'::text])));
+
+CREATE INDEX assignments_active_expiry_idx ON assignments USING btree (expires_at, reservation_id) WHERE (state = 'active'::text);
+CREATE UNIQUE INDEX assignments_active_slot_idx ON assignments USING btree (device_id, slot) WHERE (state = 'active'::text);
+CREATE INDEX assignments_active_source_idx ON assignments USING btree (source) WHERE (state = 'active'::text);
+CREATE INDEX assignments_device_idx ON assignments USING btree (device_id, reservation_id);
+CREATE UNIQUE INDEX assignments_pkey ON assignments USING btree (reservation_id);
+CREATE UNIQUE INDEX config_versions_pkey ON config_versions USING btree (version);
+CREATE UNIQUE INDEX cycles_pkey ON cycles USING btree (id);
+CREATE INDEX cycles_source_idx ON cycles USING btree (source, id);
+CREATE UNIQUE INDEX devices_pkey ON devices USING btree (id);
+CREATE INDEX devices_token_hash_idx ON devices USING btree (token_hash) WHERE (revoked_at IS NULL);
+CREATE UNIQUE INDEX durations_pkey ON durations USING btree (id);
+CREATE INDEX durations_source_idx ON durations USING btree (source, metric, outcome, at);
+CREATE INDEX durations_window_idx ON durations USING btree (at);
+CREATE UNIQUE INDEX progress_events_pkey ON progress_events USING btree (reservation_id, seq);
+CREATE UNIQUE INDEX results_pkey ON results USING btree (reservation_id);
+CREATE UNIQUE INDEX results_receipt_id_key ON results USING btree (receipt_id);
+CREATE UNIQUE INDEX scanfleet_migrations_pkey ON scanfleet_migrations USING btree (migration_id);
+CREATE INDEX targets_pending_idx ON targets USING btree (id) WHERE (status = 'pending'::text);
+CREATE UNIQUE INDEX targets_pkey ON targets USING btree (id);
+CREATE INDEX targets_promotion_idx ON targets USING btree (source, COALESCE(last_scan_started_at, completed_at, (0)::bigint), id) WHERE ((status = 'completed'::text) AND (observed_remote_at IS NOT NULL));
+CREATE UNIQUE INDEX targets_source_identity_key ON targets USING btree (source, identity);
