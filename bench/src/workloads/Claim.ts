@@ -1,0 +1,320 @@
+/**
+ * Workloads 1 and 2: claim + fenced complete, one at a time and in batches,
+ * against scanfleet's Store, graphile-worker, pg-boss and the raw SQL pattern.
+ * Every system gets a fresh database with the same backlog; rows are kept
+ * where the system keeps them (graphile-worker deletes completed jobs: that is
+ * its design, and it is said in the table notes).
+ */
+import { Effect } from "effect"
+import { Logger, makeWorkerUtils, run as runGraphile, runMigrations } from "graphile-worker"
+import pg from "pg"
+import PgBoss from "pg-boss"
+import { chunks, loops, since, size, type Ctx } from "../Context.js"
+import type { Contender, Sample, WorkloadResult } from "../Report.js"
+import { measure } from "../Report.js"
+import * as Scanfleet from "../Scanfleet.js"
+
+const silent = new Logger(() => () => {})
+
+interface Shape {
+  /** Jobs waiting when the measured section starts. */
+  readonly backlog: number
+  /** Jobs processed in the measured section (taken from the head of the backlog). */
+  readonly jobs: number
+  /** Concurrent claimers. */
+  readonly claimers: number
+  /** Claim batch: 1 for workload 1. */
+  readonly batch: number
+  /** A slow system stops after this many seconds; its rate is what it did by then. */
+  readonly capSeconds: number
+}
+
+/** One run of one system: fresh database, seed, warm up, reset counters, measure, verify, drop. */
+const withDb = async (ctx: Ctx, prefix: string, body: (db: { name: string; url: string }) => Promise<Sample>) => {
+  const db = await ctx.pg.freshDb(prefix)
+  try {
+    return await body(db)
+  } finally {
+    await ctx.pg.dropDb(db.name)
+  }
+}
+
+// ---------------------------------------------------------------- scanfleet
+
+/**
+ * scanfleet's claimers are device slots. `oneDevice`: all claimers are slots of
+ * one device (its claims serialise on the device's row); otherwise one device
+ * per claimer (one slot each, or `batch` slots claimed at once).
+ */
+const scanfleet = (ctx: Ctx, s: Shape, oneDevice = false): Contender => ({
+  name: s.batch === 1 ? (oneDevice ? `scanfleet PgStore (1 device x ${s.claimers} slots)` : `scanfleet PgStore (${s.claimers} devices x 1 slot)`) : "scanfleet PgStore",
+  note:
+    s.batch === 1
+      ? `${oneDevice ? `${s.claimers} slots of one device` : `${s.claimers} devices of one slot`}, each a loop of Store.claim then Store.submitResult(outcome clean); pool of ${s.claimers + 2}`
+      : `${s.claimers} devices of ${s.batch} slots; each claims all its slots at once (${s.batch} concurrent Store.claim calls: the Store port has no batch claim) and submits the ${s.batch} results concurrently; pool of ${s.claimers + 2}`,
+  run: () =>
+    withDb(ctx, "sf_claim", async (db) => {
+      const sf = await Scanfleet.openPg(db.url, s.claimers + 2)
+      try {
+        const now = Date.now()
+        const devices = await sf.run((st) =>
+          Effect.forEach(Array.from({ length: oneDevice ? 1 : s.claimers }), (_, i) =>
+            st.addDevice({ name: `bench-${i}`, slots: oneDevice ? s.claimers : s.batch, tokenHash: `hash-${i}`, now })
+          )
+        )
+        for (const c of chunks(Array.from({ length: s.backlog }, (_, i) => i), 10_000))
+          await sf.run((st) => st.recordObservations(c.map((i) => ({ source: "github" as const, identity: `org/repo-${i}`, remoteAt: now - 1000 })), now))
+        await ctx.pg.analyze(db.name)
+        // open every pool connection before the measured section
+        await sf.run((st) => Effect.all(Array.from({ length: s.claimers + 2 }, () => st.countTargets()), { concurrency: "unbounded" }))
+        await ctx.pg.resetStatements()
+        let taken = 0
+        const t0 = performance.now()
+        const deadline = t0 + s.capSeconds * 1000
+        const claimOne = (deviceId: number, slot: number) =>
+          sf.run((st) =>
+            Effect.gen(function* () {
+              const a = yield* st.claim({ deviceId, slot, now: Date.now(), config: Scanfleet.config })
+              if (a === null) throw new Error("backlog ran dry")
+              return a
+            })
+          )
+        const complete = (a: { reservationId: number; fence: number; deviceId: number }) =>
+          sf.run((st) => st.submitResult({ deviceId: a.deviceId, reservationId: a.reservationId, fence: a.fence, now: Date.now(), outcome: "clean", finalPhase: null, body: "{}" }))
+        if (s.batch === 1) {
+          await loops(s.claimers, async (i) => {
+            while (taken < s.jobs && performance.now() < deadline) {
+              taken++
+              await complete(await (oneDevice ? claimOne(devices[0].id, i) : claimOne(devices[i].id, 0)))
+            }
+          })
+        } else {
+          await loops(s.claimers, async (d) => {
+            while (taken < s.jobs && performance.now() < deadline) {
+              const n = Math.min(s.batch, s.jobs - taken)
+              taken += n
+              const got = await Promise.all(Array.from({ length: n }, (_, slot) => claimOne(devices[d].id, slot)))
+              await Promise.all(got.map(complete))
+            }
+          })
+        }
+        const secs = since(t0)
+        const stmts = await ctx.pg.statements(db.name)
+        if (process.env.BENCH_TRACE) for (const x of await ctx.pg.topStatements(db.name, 25)) ctx.log(`      ${x.calls} calls ${x.ms} ms: ${x.query}`)
+        const counts = await sf.run((st) => st.countTargets())
+        const done = counts.filter((c) => c.status === "completed").reduce((n, c) => n + c.count, 0)
+        if (done !== taken) throw new Error(`verification: ${done} targets completed, expected ${taken}`)
+        return { value: taken / secs, statementsPerUnit: stmts / taken, extra: { "jobs measured": taken } }
+      } finally {
+        await sf.close()
+      }
+    })
+})
+
+// ---------------------------------------------------------------- raw SQL
+
+const rawSchema = `
+  CREATE TABLE jobs (
+    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    status TEXT NOT NULL DEFAULT 'pending',
+    fence INTEGER NOT NULL DEFAULT 0,
+    payload TEXT NOT NULL,
+    claimed_at TIMESTAMPTZ,
+    completed_at TIMESTAMPTZ
+  );
+  CREATE INDEX jobs_pending_idx ON jobs (id) WHERE status = 'pending';`
+
+const rawClaim = `
+  WITH c AS (SELECT id FROM jobs WHERE status = 'pending' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
+  UPDATE jobs j SET status = 'running', fence = j.fence + 1, claimed_at = now()
+  FROM c WHERE j.id = c.id
+  RETURNING j.id, j.fence`
+
+const rawComplete = `
+  UPDATE jobs j SET status = 'done', completed_at = now()
+  FROM unnest($1::bigint[], $2::int[]) AS u(id, fence)
+  WHERE j.id = u.id AND j.fence = u.fence AND j.status = 'running'`
+
+const raw = (ctx: Ctx, s: Shape): Contender => ({
+  name: s.batch === 1 ? "raw SQL (fenced SKIP LOCKED)" : `raw SQL (fenced SKIP LOCKED, batch ${s.batch})`,
+  note: `one WITH c AS (SELECT ... LIMIT ${s.batch} FOR UPDATE SKIP LOCKED) UPDATE ... RETURNING id, fence; one fenced UPDATE to complete; ${s.claimers} pool connections`,
+  run: () =>
+    withDb(ctx, "raw_claim", async (db) => {
+      const pool = new pg.Pool({ connectionString: db.url, max: s.claimers })
+      pool.on("error", () => {})
+      try {
+        await pool.query(rawSchema)
+        await pool.query("INSERT INTO jobs (payload) SELECT '{}' FROM generate_series(1, $1)", [s.backlog])
+        await ctx.pg.analyze(db.name)
+        await Promise.all(Array.from({ length: s.claimers }, () => pool.query("SELECT 1")))
+        await ctx.pg.resetStatements()
+        let taken = 0
+        const t0 = performance.now()
+        const deadline = t0 + s.capSeconds * 1000
+        await loops(s.claimers, async () => {
+          while (taken < s.jobs && performance.now() < deadline) {
+            const n = Math.min(s.batch, s.jobs - taken)
+            taken += n
+            const r = await pool.query(rawClaim, [n])
+            if (r.rowCount !== n) throw new Error("backlog ran dry")
+            const c = await pool.query(rawComplete, [r.rows.map((x) => x.id), r.rows.map((x) => x.fence)])
+            if (c.rowCount !== n) throw new Error("a fenced complete was refused")
+          }
+        })
+        const secs = since(t0)
+        const stmts = await ctx.pg.statements(db.name)
+        const done = Number((await pool.query("SELECT count(*) FROM jobs WHERE status = 'done'")).rows[0].count)
+        if (done !== taken) throw new Error(`verification: ${done} done, expected ${taken}`)
+        return { value: taken / secs, statementsPerUnit: stmts / taken, extra: { "jobs measured": taken } }
+      } finally {
+        await pool.end()
+      }
+    })
+})
+
+// ---------------------------------------------------------------- graphile-worker
+
+const graphile = (ctx: Ctx, s: Shape, localQueue: boolean): Contender => ({
+  name: localQueue ? "graphile-worker 0.17 (local queue)" : "graphile-worker 0.17 (default)",
+  note: localQueue
+    ? `concurrency ${s.claimers}, localQueue.size ${Math.max(s.batch, 2)}, completeJobBatchDelay 0; deletes completed jobs; no fencing of completion`
+    : `concurrency ${s.claimers}, default options; deletes completed jobs; no fencing of completion`,
+  run: () =>
+    withDb(ctx, "gw_claim", async (db) => {
+      await runMigrations({ connectionString: db.url, logger: silent })
+      const utils = await makeWorkerUtils({ connectionString: db.url, logger: silent })
+      try {
+        for (const c of chunks(Array.from({ length: s.backlog }, (_, i) => i), 10_000))
+          await utils.addJobs(c.map((i) => ({ identifier: "noop", payload: { i } })))
+      } finally {
+        await utils.release()
+      }
+      await ctx.pg.analyze(db.name)
+      let done = 0
+      let t0 = 0
+      let statementsAt = 0
+      let resolveDone!: () => void
+      const finished = new Promise<void>((r) => (resolveDone = r))
+      // our own pool, so that it is surely closed before the database is dropped
+      const pool = new pg.Pool({ connectionString: db.url, max: Math.max(10, s.claimers + 2) })
+      pool.on("error", () => {})
+      pool.on("connect", (c) => c.on("error", () => {}))
+      await ctx.pg.resetStatements()
+      const runner = await runGraphile({
+        pgPool: pool,
+        concurrency: s.claimers,
+        noHandleSignals: true,
+        pollInterval: 2000,
+        logger: silent,
+        preset: localQueue ? { worker: { localQueue: { size: Math.max(s.batch, 2) }, completeJobBatchDelay: 0 } } : {},
+        taskList: {
+          noop: async () => {
+            if (t0 === 0) {
+              t0 = performance.now()
+            }
+            done++
+            if (done === s.jobs) resolveDone()
+          }
+        }
+      })
+      try {
+        await Promise.race([finished, new Promise((r) => setTimeout(r, s.capSeconds * 1000 + 5000))])
+        const secs = since(t0)
+        const measured = done
+        // statements over the whole life of the runner, including its start, divided by the jobs it finished by then
+        statementsAt = await ctx.pg.statements(db.name)
+        return { value: measured / secs, statementsPerUnit: statementsAt / done, extra: { "jobs measured": measured } }
+      } finally {
+        await runner.stop()
+        await pool.end()
+      }
+    })
+})
+
+// ---------------------------------------------------------------- pg-boss
+
+const pgBoss = (ctx: Ctx, s: Shape): Contender => ({
+  name: s.batch === 1 ? "pg-boss 10" : `pg-boss 10 (batch ${s.batch})`,
+  note: `${s.claimers} loops of boss.fetch(batchSize ${s.batch}) then boss.complete(ids); supervise, schedule off; keeps completed rows; no fencing of completion`,
+  run: () =>
+    withDb(ctx, "boss_claim", async (db) => {
+      const boss = new PgBoss({ connectionString: db.url, max: s.claimers + 2, supervise: false, schedule: false })
+      boss.on("error", () => {})
+      await boss.start()
+      try {
+        await boss.createQueue("bench")
+        for (const c of chunks(Array.from({ length: s.backlog }, (_, i) => i), 10_000)) await boss.insert(c.map((i) => ({ name: "bench", data: { i } })))
+        await ctx.pg.analyze(db.name)
+        await ctx.pg.resetStatements()
+        let taken = 0
+        const t0 = performance.now()
+        const deadline = t0 + s.capSeconds * 1000
+        await loops(s.claimers, async () => {
+          while (taken < s.jobs && performance.now() < deadline) {
+            const n = Math.min(s.batch, s.jobs - taken)
+            taken += n
+            const got = await boss.fetch("bench", { batchSize: n })
+            if (got.length !== n) throw new Error("backlog ran dry")
+            await boss.complete("bench", got.map((j) => j.id))
+          }
+        })
+        const secs = since(t0)
+        const stmts = await ctx.pg.statements(db.name)
+        const done = Number((await boss.getDb().executeSql("SELECT count(*) AS n FROM pgboss.job WHERE name = 'bench' AND state = 'completed'", [])).rows[0].n)
+        if (done !== taken) throw new Error(`verification: ${done} completed, expected ${taken}`)
+        return { value: taken / secs, statementsPerUnit: stmts / taken, extra: { "jobs measured": taken } }
+      } finally {
+        await boss.stop({ graceful: false, wait: true, close: true })
+      }
+    })
+})
+
+/** Workload 1: one at a time, 8 concurrent claimers. */
+export const one = async (ctx: Ctx): Promise<WorkloadResult> => {
+  const s: Shape = {
+    backlog: size(ctx, "claim.backlog", 20_000, 50_000),
+    jobs: size(ctx, "claim.jobs", 3_000, 10_000),
+    claimers: 8,
+    batch: 1,
+    capSeconds: size(ctx, "claim.cap", 4, 12)
+  }
+  const missing = await Scanfleet.pgMissing()
+  const list = [...(missing ? [] : [scanfleet(ctx, s), scanfleet(ctx, s, true)]), graphile(ctx, s, false), raw(ctx, s), pgBoss(ctx, s)]
+  const notes = missing ? [`scanfleet not measured: ${missing}`] : []
+  return {
+    id: "1",
+    title: `Claim + fenced complete, one at a time (${s.claimers} concurrent claimers, ${s.backlog.toLocaleString("en-US")} backlog, up to ${s.jobs.toLocaleString("en-US")} jobs or ${s.capSeconds} s per run, rows kept)`,
+    goal: ">= 1.0x graphile-worker default, >= 0.9x raw SQL, <= 2 statements per job",
+    unit: "jobs/s",
+    higherIsBetter: true,
+    systems: await measure(list, ctx.runs, ctx.log),
+    notes: [...notes, "graphile-worker's statement count covers the runner's whole life (start-up, LISTEN, polling) divided by the jobs finished when it was read"]
+  }
+}
+
+/** Workload 2: batched claims and coalesced completes. */
+export const batched = async (ctx: Ctx): Promise<WorkloadResult> => {
+  const s: Shape = {
+    backlog: size(ctx, "batch.backlog", 30_000, 100_000),
+    jobs: size(ctx, "batch.jobs", 10_000, 50_000),
+    claimers: 8,
+    batch: 64,
+    capSeconds: size(ctx, "batch.cap", 4, 12)
+  }
+  const missing = await Scanfleet.pgMissing()
+  const list = [
+    ...(missing ? [] : [scanfleet(ctx, s)]),
+    graphile(ctx, { ...s, batch: 100 }, true),
+    raw(ctx, { ...s, batch: 100 }),
+    pgBoss(ctx, { ...s, batch: 100 })
+  ]
+  return {
+    id: "2",
+    title: `Batched claims (${s.claimers} claimers; scanfleet devices of ${s.batch} slots, the others batches of 100) and coalesced completes, ${s.backlog.toLocaleString("en-US")} backlog, up to ${s.jobs.toLocaleString("en-US")} jobs or ${s.capSeconds} s per run`,
+    goal: ">= 1.5x graphile-worker with its local queue, >= 0.7x raw SQL at batch 100",
+    unit: "jobs/s",
+    higherIsBetter: true,
+    systems: await measure(list, ctx.runs, ctx.log),
+    notes: missing ? [`scanfleet not measured: ${missing}`] : []
+  }
+}
