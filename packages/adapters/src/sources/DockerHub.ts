@@ -1,7 +1,6 @@
 import { HttpClient, HttpClientRequest } from "@effect/platform"
 import { Duration, Effect, Ref } from "effect"
 import { z } from "zod"
-import { RemoteTimestamp } from "@scanfleet/core"
 import * as Records from "./Records.js"
 import { SourceError, type MalformedRecord, type SourceClient, type SourceRecord } from "./SourceClient.js"
 import * as SourceHttp from "./SourceHttp.js"
@@ -140,8 +139,8 @@ export const make = (settings: Settings): Effect.Effect<SourceClient, never, Htt
                 ["name"],
                 now
               )
-              // DockerHub never promotes: core's rule maps every DockerHub timestamp to none.
-              records.push(...read.records.map((r) => ({ ...r, remoteAt: RemoteTimestamp.normalize("dockerhub", r.rawRemoteAt, now) ?? null })))
+              // No remote timestamp is read: core's rule maps every DockerHub value to none, so these targets never promote.
+              records.push(...read.records)
               malformed.push(...read.malformed.map((m) => ({ ...m, identity: `${ns}/${name}:${m.identity ?? "?"}` })))
               url = tags.next
             }
