@@ -1,0 +1,165 @@
+import { LocalState, ProcessTree } from "@scanfleet/worker"
+import { execa } from "execa"
+import { mkdtempSync, rmSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { fileURLToPath } from "node:url"
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
+import { bundle, spawnCli } from "./support/Controller.js"
+import * as Fleet from "./support/Fleet.js"
+import { useNoOrphans } from "./support/NoOrphans.js"
+
+useNoOrphans()
+
+const dir = mkdtempSync(join(tmpdir(), "scanfleet-recovery-"))
+afterAll(() => rmSync(dir, { recursive: true, force: true }))
+beforeAll(async () => {
+  await bundle()
+}, 120_000)
+
+const cleanups: Array<() => Promise<unknown>> = []
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c()
+})
+
+const until = async <A>(what: string, f: () => Promise<A | undefined | null | false>, ms = 20_000): Promise<A> => {
+  const end = Date.now() + ms
+  for (;;) {
+    const v = await f()
+    if (v) return v
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`)
+    await new Promise((r) => setTimeout(r, 50))
+  }
+}
+
+/** Reads the state file the way `status` does, while a controller may be writing it. */
+const peek = async <A>(file: string, f: (s: LocalState.LocalState) => Promise<A>): Promise<A> => {
+  const s = await LocalState.open(file)
+  try {
+    return await f(s)
+  } finally {
+    await s.close()
+  }
+}
+
+let n = 0
+const controller = (fleet: Fleet.Fleet, state: string, scanner = "demo:slow") => {
+  const p = spawnCli(["run", "--server", fleet.url, "--token", fleet.token, "--slots", "1", "--scanner", scanner, "--state", state, "--grace-ms", "300", "--poll-ms", "50"])
+  cleanups.push(async () => {
+    if (p.exitCode === null && p.pid) p.kill("SIGKILL")
+    await p
+  })
+  return { p }
+}
+
+describe("crash recovery and shutdown of the worker process", () => {
+  it("Process restarts during an assignment", async () => {
+    const fleet = await Fleet.start({ scanSeconds: 6 })
+    cleanups.push(() => fleet.close())
+    await fleet.seed(["acme/slow-repo"])
+    const state = join(dir, `restart-${++n}.db`)
+
+    const { p: first } = controller(fleet, state)
+    const during = await until("the scanner to run", () =>
+      peek(state, async (s) => {
+        const [a] = await s.assignments({ open: true })
+        return a && a.phase === "scanning" && a.runner ? { a, journal: await s.journal(a.reservationId) } : null
+      })
+    )
+    const id = during.a.reservationId
+    const pgid = during.a.runner!.pgid
+    first.kill("SIGKILL")
+    await first
+
+    const { p: second } = controller(fleet, state)
+    const receipt = await until("the result at the server", async () => {
+      const a = await fleet.assignment(id)
+      return a.outcome !== null ? a : null
+    })
+    expect(receipt.outcome).toBe("scan_error")
+    expect(receipt.finalPhase).toBe("scanning")
+    second.kill("SIGTERM")
+    const exit = await second
+    expect(exit.exitCode).toBe(0)
+
+    // No process of the killed controller's runner group survived.
+    expect(ProcessTree.members(pgid)).toEqual([])
+    const journal = await peek(state, (s) => s.journal(id))
+    // The earlier timeline is untouched, the sequence continues, and exactly one event records the recovery.
+    expect(journal.slice(0, during.journal.length).map(({ delivery: _d, ackedAt: _a, error: _e, ...e }) => e)).toEqual(
+      during.journal.map(({ delivery: _d, ackedAt: _a, error: _e, ...e }) => e)
+    )
+    expect(journal.map((e) => e.seq)).toEqual(journal.map((_, i) => i + 1))
+    const recovered = journal.filter((e) => e.kind === "recovered")
+    expect(recovered).toHaveLength(1)
+    expect(recovered[0]).toMatchObject({ phase: "scanning" })
+    expect(recovered[0].seq).toBeGreaterThan(during.journal.at(-1)!.seq)
+    expect(journal.at(-1)?.phase).toBe("failed")
+    // The server saw the same timeline, recovery included.
+    const remote = await fleet.timeline(id)
+    expect(remote.map((e) => [e.seq, e.kind, e.phase])).toEqual(journal.map((e) => [e.seq, e.kind, e.phase]))
+  })
+
+  it("a restart after the target-scan deadline passed uploads a timeout result naming the phase", async () => {
+    const fleet = await Fleet.start({ scanSeconds: 2 })
+    cleanups.push(() => fleet.close())
+    await fleet.seed(["acme/slow-late"])
+    const state = join(dir, `late-${++n}.db`)
+    const { p: first } = controller(fleet, state)
+    const a = await until("the scanner to run", () => peek(state, async (s) => (await s.assignments({ open: true })).find((x) => x.phase === "scanning")))
+    first.kill("SIGKILL")
+    await first
+    await new Promise((r) => setTimeout(r, Math.max(0, a.deadlines.scan - Date.now() + 100)))
+    const { p: second } = controller(fleet, state)
+    const done = await until("the result at the server", async () => {
+      const x = await fleet.assignment(a.reservationId)
+      return x.outcome !== null ? x : null
+    })
+    expect(done.outcome).toBe("killed_at_deadline")
+    expect(done.finalPhase).toBe("scanning")
+    second.kill("SIGTERM")
+    await second
+    const journal = await peek(state, (s) => s.journal(a.reservationId))
+    expect(journal.filter((e) => e.kind === "recovered")).toHaveLength(1)
+    expect(journal.at(-1)?.phase).toBe("timed_out")
+  })
+
+  it("recovery kills a runner group that outlived its controller, unless the pid now belongs to another process", async () => {
+    const pidFile = join(dir, "orphan.pids")
+    const orphan = execa(process.execPath, [fileURLToPath(new URL("./fixtures/stubborn-scanner.mjs", import.meta.url)), pidFile], { detached: true, reject: false })
+    cleanups.push(() => orphan)
+    const pgid = orphan.pid!
+    await until("the group to form", async () => ProcessTree.members(pgid).length === 3)
+    // A stale record whose leader start time does not match: a recycled pid is left alone.
+    expect(await ProcessTree.killStale({ pgid, startTime: "1" })).toEqual([])
+    expect(ProcessTree.members(pgid)).toHaveLength(3)
+    const killed = await ProcessTree.killStale({ pgid, startTime: ProcessTree.startTime(pgid) })
+    expect(killed).toHaveLength(3)
+    expect(ProcessTree.members(pgid)).toEqual([])
+  })
+
+  it("SIGTERM stops the device cleanly: the running unit's tree is killed, its result is sent, status and history print the journal", async () => {
+    const fleet = await Fleet.start({ scanSeconds: 30 })
+    cleanups.push(() => fleet.close())
+    await fleet.seed(["acme/slow-shutdown"])
+    const state = join(dir, `shutdown-${++n}.db`)
+    const { p } = controller(fleet, state)
+    const a = await until("the scanner to run", () => peek(state, async (s) => (await s.assignments({ open: true })).find((x) => x.phase === "scanning" && x.runner)))
+    const status = await execa(process.execPath, [await bundle(), "status", "--state", state], { reject: false })
+    expect(status.stdout).toContain("current phase: scanning")
+    expect(status.stdout).toMatch(/target-scan deadline .* in \d/)
+    expect(status.stdout).toMatch(/result-upload deadline .* in \d/)
+    expect(status.stdout).toMatch(/assignment expiry .* in \d/)
+    p.kill("SIGTERM")
+    const exit = await p
+    expect(exit.exitCode).toBe(0)
+    expect(ProcessTree.members(a.runner!.pgid)).toEqual([])
+    const remote = await fleet.assignment(a.reservationId)
+    expect(remote.outcome).toBe("scan_error")
+    expect(remote.finalPhase).toBe("scanning")
+    const history = await execa(process.execPath, [await bundle(), "history", "--state", state], { reject: false })
+    expect(history.stdout).toContain("entered permit_wait")
+    expect(history.stdout).toMatch(/#\s+\d+ \S+ entered failed\s+\[acked\]\s+the device shut down during scanning/)
+    expect(history.stdout).toContain("result after")
+  })
+})

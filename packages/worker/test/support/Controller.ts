@@ -1,0 +1,44 @@
+import { execa, type ResultPromise } from "execa"
+import { fileURLToPath } from "node:url"
+import { build } from "tsup"
+
+/**
+ * The worker CLI as a separate process, so a test can `kill -9` its
+ * controller. The CLI is bundled from source once per test file (workspace
+ * packages inlined, dependencies left to node_modules) next to the package,
+ * where it finds the packaged execution-unit script as the built package does.
+ */
+
+const outDir = fileURLToPath(new URL("../../.test-build/", import.meta.url))
+let built: Promise<string> | null = null
+
+/** Builds the CLI bundle (once per process); resolves to its path. */
+export const bundle = (): Promise<string> =>
+  (built ??= build({
+    entry: { cli: fileURLToPath(new URL("../fixtures/cli-entry.ts", import.meta.url)) },
+    outDir,
+    format: ["esm"],
+    platform: "node",
+    target: "node20",
+    config: false,
+    silent: true,
+    dts: false,
+    sourcemap: false,
+    clean: false,
+    splitting: false,
+    noExternal: [/^@scanfleet\//],
+    external: [/^(?!@scanfleet\/)[^./]/],
+    esbuildOptions: (o) => {
+      o.conditions = ["@scanfleet/source"]
+    }
+  }).then(() => `${outDir}cli.js`))
+
+/** The bundle's path (call `bundle()` first, for example in `beforeAll`). */
+export const cliPath = `${outDir}cli.js`
+
+/**
+ * Starts `scanfleet-worker` with arguments. Not async on purpose: awaiting a
+ * subprocess waits for its exit, and callers need it running.
+ */
+export const spawnCli = (args: ReadonlyArray<string>): ResultPromise<{ reject: false; all: true }> =>
+  execa(process.execPath, [cliPath, ...args], { reject: false, all: true, env: process.env })
