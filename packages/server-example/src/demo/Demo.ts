@@ -1,0 +1,351 @@
+import { NodeHttpClient } from "@effect/platform-node"
+import { DockerHub, FakeSources, GitHub, GitLab, HuggingFace } from "@scanfleet/adapters"
+import { Config, Store } from "@scanfleet/core"
+import { Scanner, Supervisor } from "@scanfleet/worker"
+import { Effect, Layer, ManagedRuntime } from "effect"
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs"
+import { join, resolve } from "node:path"
+import { z } from "zod"
+import * as AdminRoutes from "../AdminRoutes.js"
+import * as Database from "../Database.js"
+import * as Scheduler from "../Scheduler.js"
+import * as Server from "../Server.js"
+import * as ServerConfig from "../ServerConfig.js"
+import * as Tokens from "../Tokens.js"
+import * as Catalogue from "./Catalogue.js"
+import type * as Summary from "./Summary.js"
+
+/**
+ * The whole fleet in one process: the server (Worker API, admin API,
+ * dashboard, expiry sweeper) on a database in a local data folder, the
+ * discovery scheduler against local stand-ins of GitHub, GitLab, HuggingFace
+ * and DockerHub (or the public APIs), and two worker devices running the
+ * built-in demo scanner under the hard target-scan deadline.
+ */
+
+/** The managed configuration the demo applies: seconds instead of hours, so a newcomer sees every rule act within a minute. */
+export const demoConfig: Config.ManagedConfig = {
+  version: 1,
+  assignments: { globalTtlSeconds: 30, handoffMarginSeconds: 2, overrides: { huggingface: { ttlSeconds: 40 } } },
+  sources: {
+    github: { scanTimeoutSeconds: 10, uploadTimeoutSeconds: 10, cooldownSeconds: 5, promotionBudget: 5, updatedRescans: true },
+    gitlab: { scanTimeoutSeconds: 10, uploadTimeoutSeconds: 10, cooldownSeconds: 5, promotionBudget: 5, updatedRescans: true },
+    huggingface: { scanTimeoutSeconds: 10, uploadTimeoutSeconds: 10, cooldownSeconds: 5, promotionBudget: 5, updatedRescans: true },
+    dockerhub: { scanTimeoutSeconds: 10, uploadTimeoutSeconds: 10, cooldownSeconds: 5, promotionBudget: 0, updatedRescans: false }
+  },
+  expiry: { maxAttempts: 3 },
+  metrics: { minSamples: 5 }
+}
+
+/** Where the public APIs are listed when the demo is pointed at them; tokens come from the environment. */
+export const PublicSourcesSchema = z
+  .object({
+    github: z
+      .object({
+        listings: z.array(
+          z.union([
+            z.object({ kind: z.literal("search"), query: z.string().min(1) }).strict(),
+            z.object({ kind: z.literal("org"), org: z.string().min(1) }).strict(),
+            z.object({ kind: z.literal("user"), user: z.string().min(1) }).strict()
+          ])
+        ).min(1),
+        baseUrl: z.string().url().optional()
+      })
+      .strict()
+      .optional(),
+    gitlab: z.object({ baseUrl: z.string().url().optional(), params: z.record(z.string(), z.string()).optional() }).strict().optional(),
+    huggingface: z
+      .object({ kinds: z.array(z.enum(["models", "datasets", "spaces"])).min(1).optional(), params: z.record(z.string(), z.string()).optional(), baseUrl: z.string().url().optional() })
+      .strict()
+      .optional(),
+    dockerhub: z.object({ namespaces: z.array(z.string().min(1)).min(1), baseUrl: z.string().url().optional() }).strict().optional(),
+    /** Minutes between two cycles of one source (default 5). */
+    intervalMinutes: z.number().min(0.05).max(1440).optional()
+  })
+  .strict()
+/** The public-API sources file. */
+export type PublicSources = z.infer<typeof PublicSourcesSchema>
+
+/** Demo options. */
+export interface Options {
+  /** The data folder: the SQLite database, the worker state files, the demo's tokens and its log. */
+  readonly dataDir: string
+  /** Listen port of the server; 0 picks a free one. */
+  readonly port: number
+  readonly host?: string
+  /** Database URL (default `sqlite:<dataDir>/scanfleet.db`; `postgres://…` for PostgreSQL). */
+  readonly databaseUrl?: string
+  /** The admin token (default: generated once and kept in the data folder). */
+  readonly adminToken?: string
+  /** Discover from the local fakes (default) or from the public APIs. */
+  readonly sources?: { readonly kind: "fake" } | { readonly kind: "public"; readonly settings: PublicSources; readonly env: Record<string, string | undefined> }
+  /** Receives one JSON line per thing worth a log entry (device events, catalogue changes). */
+  readonly log: (line: string) => void
+}
+
+/** A running demo. */
+export interface Running {
+  /** The server's base URL. */
+  readonly url: string
+  /** The dashboard URL; it carries the admin token once, which the server moves into a cookie. */
+  readonly dashboardUrl: string
+  readonly adminToken: string
+  readonly databaseUrl: string
+  /** The local fake APIs (null when discovering from the public APIs). */
+  readonly fakes: FakeSources.FakeSources | null
+  /** This run's number in the data folder (1 on an empty one). */
+  readonly run: number
+  /** The dashboard's headline numbers now. */
+  readonly summary: () => Promise<Summary.Numbers>
+  /** Stops the workers (their scanner process groups are killed), the scheduler, the server and the fakes, in that order. */
+  readonly stop: () => Promise<void>
+}
+
+const StateSchema = z.object({
+  adminToken: z.string().min(16),
+  runs: z.number().int().min(0),
+  devices: z.array(z.object({ name: z.string(), slots: z.number().int().min(1), token: z.string() }))
+})
+type State = z.infer<typeof StateSchema>
+
+// The demo keeps its secrets in the data folder (never in the database, which holds only hashes) so a second run finds its devices again.
+const loadState = (file: string): State | null => {
+  if (!existsSync(file)) return null
+  const parsed = StateSchema.safeParse(JSON.parse(readFileSync(file, "utf8")))
+  return parsed.success ? parsed.data : null
+}
+
+const saveState = (file: string, state: State) => writeFileSync(file, `${JSON.stringify(state, null, 2)}\n`, { mode: 0o600 })
+
+const deviceNames = ["device-a", "device-b"] as const
+
+const fakeSchedules = (fakes: FakeSources.FakeSources) =>
+  Effect.gen(function* () {
+    const limits = { maxPages: 5, maxResults: 200 }
+    const http = { retries: 1, backoffMs: 200, timeoutMs: 5000 }
+    const every = (client: Scheduler.SourceSchedule["client"], intervalMs: number): Scheduler.SourceSchedule => ({ client, intervalMs, jitterMs: 500, limits })
+    return [
+      every(yield* GitHub.make({ ...http, baseUrl: fakes.github.url, pageSize: 4, listings: Catalogue.listings.githubOrgs.map((org) => ({ kind: "org" as const, org })) }), 3000),
+      every(yield* GitLab.make({ ...http, baseUrl: fakes.gitlab.url, pageSize: 3 }), 3000),
+      every(yield* HuggingFace.make({ ...http, baseUrl: fakes.huggingface.url, pageSize: 3 }), 3000),
+      every(yield* DockerHub.make({ ...http, baseUrl: fakes.dockerhub.url, pageSize: 2, namespaces: [...Catalogue.listings.dockerhubNamespaces] }), 4000)
+    ]
+  })
+
+const publicSchedules = (s: PublicSources, env: Record<string, string | undefined>) =>
+  Effect.gen(function* () {
+    const limits = { maxPages: 3, maxResults: 300 }
+    const intervalMs = Math.round((s.intervalMinutes ?? 5) * 60_000)
+    const every = (client: Scheduler.SourceSchedule["client"]): Scheduler.SourceSchedule => ({ client, intervalMs, jitterMs: Math.round(intervalMs / 10), limits })
+    const opt = <A>(v: A | undefined) => (v === undefined ? {} : v)
+    const out: Array<Scheduler.SourceSchedule> = []
+    if (s.github)
+      out.push(every(yield* GitHub.make({ listings: s.github.listings, ...opt(s.github.baseUrl && { baseUrl: s.github.baseUrl }), ...opt(env.GITHUB_TOKEN && { token: env.GITHUB_TOKEN }) })))
+    if (s.gitlab)
+      out.push(
+        every(
+          yield* GitLab.make({
+            ...opt(s.gitlab.baseUrl && { baseUrl: s.gitlab.baseUrl }),
+            ...opt(s.gitlab.params && { params: s.gitlab.params }),
+            ...opt(env.GITLAB_TOKEN && { token: env.GITLAB_TOKEN })
+          })
+        )
+      )
+    if (s.huggingface)
+      out.push(
+        every(
+          yield* HuggingFace.make({
+            ...opt(s.huggingface.kinds && { kinds: s.huggingface.kinds }),
+            ...opt(s.huggingface.params && { params: s.huggingface.params }),
+            ...opt(s.huggingface.baseUrl && { baseUrl: s.huggingface.baseUrl }),
+            ...opt(env.HF_TOKEN && { token: env.HF_TOKEN })
+          })
+        )
+      )
+    if (s.dockerhub)
+      out.push(
+        every(
+          yield* DockerHub.make({
+            namespaces: s.dockerhub.namespaces,
+            ...opt(s.dockerhub.baseUrl && { baseUrl: s.dockerhub.baseUrl }),
+            ...opt(env.DOCKERHUB_USERNAME && { username: env.DOCKERHUB_USERNAME }),
+            ...opt(env.DOCKERHUB_TOKEN && { token: env.DOCKERHUB_TOKEN })
+          })
+        )
+      )
+    if (out.length === 0) throw new Error("the sources file names no source: give at least one of github, gitlab, huggingface, dockerhub")
+    return out
+  })
+
+/** The managed configuration for a run: the demo's seconds against the fakes; against the public APIs, cooldowns of a day. */
+export const configFor = (sources: Options["sources"]): Config.ManagedConfig => {
+  if (sources === undefined || sources.kind === "fake") return demoConfig
+  const slow = (p: Config.SourcePolicy): Config.SourcePolicy => ({ ...p, cooldownSeconds: 86_400, promotionBudget: Math.min(p.promotionBudget, 20) })
+  return {
+    ...demoConfig,
+    sources: {
+      github: slow(demoConfig.sources.github),
+      gitlab: slow(demoConfig.sources.gitlab),
+      huggingface: slow(demoConfig.sources.huggingface),
+      dockerhub: slow(demoConfig.sources.dockerhub)
+    }
+  }
+}
+
+/**
+ * Starts the demo fleet and resolves once the server listens, the devices
+ * are registered and the workers are claiming.
+ *
+ * @example
+ * const demo = await Demo.start({ dataDir: ".data/demo", port: 0, log: () => {} })
+ * console.log(demo.dashboardUrl)
+ * await demo.stop()
+ */
+export const start = async (opts: Options): Promise<Running> => {
+  const dataDir = resolve(opts.dataDir)
+  mkdirSync(dataDir, { recursive: true })
+  const stateFile = join(dataDir, "demo.json")
+  const prior = loadState(stateFile)
+  const state: State = {
+    adminToken: opts.adminToken ?? prior?.adminToken ?? Tokens.generate().replace(Tokens.prefix, "sfa_"),
+    runs: (prior?.runs ?? 0) + 1,
+    devices: prior?.devices ?? []
+  }
+  saveState(stateFile, state)
+  const run = state.runs
+  const log = (event: string, fields: Record<string, unknown> = {}) => opts.log(JSON.stringify({ at: new Date().toISOString(), event, ...fields }))
+  const sources = opts.sources ?? { kind: "fake" as const }
+
+  const cleanups: Array<() => Promise<void>> = []
+  const cleanup = async () => {
+    for (const c of cleanups.splice(0).reverse())
+      await c().catch((e: unknown) => log("demo_stop_error", { message: e instanceof Error ? e.message : String(e) }))
+  }
+
+  try {
+    const fakes = sources.kind === "fake" ? await FakeSources.start() : null
+    if (fakes) {
+      cleanups.push(() => fakes.close())
+      Catalogue.seed(fakes, run)
+    }
+
+    const databaseUrl = opts.databaseUrl ?? `sqlite:${join(dataDir, "scanfleet.db")}`
+    const config = ServerConfig.make({
+      databaseUrl,
+      host: opts.host ?? "127.0.0.1",
+      port: opts.port,
+      adminToken: state.adminToken,
+      sweepIntervalMs: 500,
+      logLevel: "info"
+    })
+    const discovery = Layer.unwrapEffect(
+      Effect.map(fakes ? fakeSchedules(fakes) : publicSchedules((sources as { settings: PublicSources }).settings, (sources as { env: Record<string, string | undefined> }).env), Scheduler.layer)
+    ).pipe(Layer.provide(NodeHttpClient.layerUndici))
+    const live = discovery.pipe(Layer.provideMerge(Server.layer(config)), Layer.provide(Database.layer(config.databaseUrl, { poolSize: 4 })))
+    const rt = ManagedRuntime.make(live)
+    cleanups.push(() => rt.dispose())
+    const info = await rt.runPromise(Server.Info)
+    const store = await rt.runPromise(Store.Store)
+    log("server_listening", { url: info.url, database: Database.redact(config.databaseUrl), run })
+
+    // Apply the demo's configuration only when it is not already in force: a second run adds no version.
+    const wanted = configFor(sources)
+    await rt.runPromise(
+      Effect.gen(function* () {
+        const active = yield* store.activeConfig()
+        if (active === null || JSON.stringify(active.document) !== JSON.stringify(wanted)) {
+          const v = yield* store.applyConfig(wanted, "demo", Date.now())
+          log("config_applied", { version: v.version })
+        }
+      })
+    )
+
+    // Devices: reuse the tokens kept in the data folder while the database still knows them; register anew otherwise.
+    const devices: Array<{ name: string; slots: number; token: string }> = []
+    for (const name of deviceNames) {
+      const kept = state.devices.find((d) => d.name === name)
+      const known = kept ? await rt.runPromise(store.deviceByTokenHash(Tokens.hash(kept.token))) : null
+      if (kept && known) {
+        devices.push(kept)
+        continue
+      }
+      const token = Tokens.generate()
+      const d = await rt.runPromise(store.addDevice({ name, slots: 2, tokenHash: Tokens.hash(token), now: Date.now() }))
+      log("device_registered", { deviceId: d.id, name })
+      devices.push({ name, slots: d.slots, token })
+    }
+    state.devices = devices
+    saveState(stateFile, state)
+
+    const scanner = Scanner.demo({ delayMs: 500, slowMarker: Catalogue.slowMarker, slowDelayMs: 600_000 })
+    const running: Array<Supervisor.Device> = []
+    cleanups.push(async () => void (await Promise.all(running.map((d) => d.stop()))))
+    for (const d of devices) {
+      const device = await Supervisor.start({
+        server: info.url,
+        token: d.token,
+        slots: d.slots,
+        scanner,
+        state: join(dataDir, `worker-${d.name}.db`),
+        graceMs: 500,
+        pollMs: 500,
+        drainMs: 2000,
+        minBackoffMs: 100,
+        maxBackoffMs: 2000,
+        onEvent: (e) => log(`worker_${e.type}`, { device: d.name, ...e })
+      })
+      running.push(device)
+    }
+
+    // The catalogue changes over time: known targets pushed again after their first scan, and new ones arriving.
+    const timers: Array<NodeJS.Timeout> = []
+    cleanups.push(async () => timers.forEach(clearTimeout))
+    if (fakes) {
+      const startedAt = Date.now()
+      const pushed = new Set<string>()
+      const arrived = new Set<string>()
+      let busy = false
+      const tick = async () => {
+        if (busy) return
+        busy = true
+        try {
+          const done = await rt.runPromise(store.listAssignments({ state: "completed", limit: 10_000 }))
+          for (const c of Catalogue.changes) {
+            const key = `${c.source}:${c.identity}`
+            if (pushed.has(key) || !done.some((a) => a.source === c.source && a.identity === c.identity)) continue
+            pushed.add(key)
+            c.apply(fakes, Date.now())
+            log("catalogue_pushed_again", { source: c.source, identity: c.identity })
+          }
+          for (const a of Catalogue.arrivals(run)) {
+            if (arrived.has(a.label) || Date.now() - startedAt < a.afterMs) continue
+            arrived.add(a.label)
+            a.apply(fakes, Date.now())
+            log("catalogue_arrival", { target: a.label })
+          }
+        } catch (e) {
+          log("catalogue_error", { message: e instanceof Error ? e.message : String(e) })
+        } finally {
+          busy = false
+        }
+      }
+      timers.push(setInterval(() => void tick(), 1000))
+    }
+
+    const dashboardUrl = `${info.url}/?token=${encodeURIComponent(state.adminToken)}`
+    let stopped: Promise<void> | null = null
+    return {
+      url: info.url,
+      dashboardUrl,
+      adminToken: state.adminToken,
+      databaseUrl: Database.redact(config.databaseUrl),
+      fakes,
+      run,
+      summary: () => rt.runPromise(AdminRoutes.summaryData),
+      stop: () => (stopped ??= cleanup())
+    }
+  } catch (e) {
+    await cleanup()
+    throw e
+  }
+}
