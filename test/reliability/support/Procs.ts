@@ -1,6 +1,7 @@
 import { type ChildProcess, spawn } from "node:child_process"
 import { randomBytes, randomUUID } from "node:crypto"
 import { readdirSync, readFileSync } from "node:fs"
+import { createServer as createNetServer } from "node:net"
 import { fileURLToPath } from "node:url"
 import pg from "pg"
 
@@ -82,26 +83,44 @@ export interface ServerProc extends Proc {
   readonly url: string
 }
 
-/** Starts `scanfleet-server serve` on a free loopback port. */
+/** A free loopback port (the kernel's pick, released at once). */
+export const freePort = () =>
+  new Promise<number>((resolve, reject) => {
+    const srv = createNetServer()
+    srv.on("error", reject)
+    srv.listen(0, "127.0.0.1", () => {
+      const port = (srv.address() as { port: number }).port
+      srv.close(() => resolve(port))
+    })
+  })
+
+/** Starts `scanfleet-server serve` on a loopback port (a free one unless given) and waits for `/healthz`. */
 export const startServer = async (opts: { readonly databaseUrl: string; readonly sweepIntervalMs?: number; readonly logLevel?: string; readonly port?: number; readonly poolSize?: number }): Promise<ServerProc> => {
+  const port = opts.port ?? (await freePort())
   const p = launch(serverBin, ["serve"], {
     SCANFLEET_DATABASE_URL: opts.databaseUrl,
     SCANFLEET_ADMIN_TOKEN: adminToken,
     SCANFLEET_HOST: "127.0.0.1",
-    SCANFLEET_PORT: String(opts.port ?? 0),
+    SCANFLEET_PORT: String(port),
     SCANFLEET_SWEEP_INTERVAL_MS: String(opts.sweepIntervalMs ?? 200),
     SCANFLEET_LOG_LEVEL: opts.logLevel ?? "debug",
     SCANFLEET_POOL_SIZE: String(opts.poolSize ?? 10)
   })
-  const url = await until(
-    "the server to listen",
-    () => {
-      if (!p.alive()) throw new Error(`the server exited before listening:\n${p.output()}`)
-      const m = /"message":"server listening".*?"url":"(http:\/\/[^"]+)"/.exec(p.output())
-      return m ? m[1] : null
-    },
-    60_000
-  )
+  const url = `http://127.0.0.1:${port}`
+  try {
+    await until(
+      "the server to answer /healthz",
+      async () => {
+        if (!p.alive()) throw new Error(`the server exited before listening:\n${p.output()}`)
+        return fetch(`${url}/healthz`).then((r) => r.ok, () => false)
+      },
+      60_000,
+      50
+    )
+  } catch (e) {
+    await p.kill("SIGKILL")
+    throw e
+  }
   return { ...p, url }
 }
 
