@@ -21,5 +21,5 @@ export default defineConfig([
   pkg("core", { index: "packages/core/src/index.ts" }),
   pkg("adapters", { index: "packages/adapters/src/index.ts" }),
   pkg("worker", { index: "packages/worker/src/index.ts" }),
-  pkg("server-example", { index: "packages/server-example/src/index.ts" })
+  pkg("server-example", { index: "packages/server-example/src/index.ts", bin: "packages/server-example/src/bin.ts" })
 ])

@@ -244,3 +244,12 @@ export const SummaryView = z
 
 /** A query string that takes no parameters. */
 export const EmptyQuery = z.object({}).strict()
+
+/**
+ * The schemas that share their name with a type, under a second name: the
+ * bundled `.d.ts` keeps only the type of such a pair, so packages built
+ * against `dist` refer to the schema by this one.
+ */
+export const AssignmentViewSchema = AssignmentView
+/** See `AssignmentViewSchema`. */
+export const ErrorBodySchema = ErrorBody

@@ -15,7 +15,7 @@ const storeOp = <A>(e: Effect.Effect<A, Errors.NotFound | Errors.StoreError>) =>
   Effect.mapError(e, (err) => (err._tag === "NotFound" ? fromNotFound(err) : fromStoreError(err)))
 
 /** Each source's effective policy under a document. */
-export const effective = (doc: Config.ManagedConfig) => Source.sources.map((s) => ({ ...Config.effectivePolicy(doc, s) }))
+export const effective = (doc: Config.ManagedConfig): Array<Config.EffectivePolicy> => Source.sources.map((s) => ({ ...Config.effectivePolicy(doc, s) }))
 
 // Preview and apply validate identically; an invalid document is refused whole with every violation at its path.
 const validated = Effect.gen(function* () {
@@ -32,14 +32,14 @@ const validated = Effect.gen(function* () {
 })
 
 /** POST /v1/admin/config/preview: validates a candidate with core's rules; writes nothing. */
-export const preview = Effect.gen(function* () {
+const preview = Effect.gen(function* () {
   yield* Auth.admin({ cookie: false })
   const doc = yield* validated
   return ok({ valid: true, document: doc, effective: effective(doc) } satisfies z.infer<typeof WorkerApi.PreviewResponse>)
 })
 
 /** POST /v1/admin/config/apply: stores a valid document as the next version. */
-export const apply = Effect.gen(function* () {
+const apply = Effect.gen(function* () {
   yield* Auth.admin({ cookie: false })
   const doc = yield* validated
   const req = yield* HttpServerRequest.HttpServerRequest
@@ -64,14 +64,14 @@ const configView = (v: Store.ConfigVersion | null): z.infer<typeof WorkerApi.Con
 }
 
 /** GET /v1/admin/config: the configuration in force and each source's effective policy. */
-export const getConfig = Effect.gen(function* () {
+const getConfig = Effect.gen(function* () {
   yield* Auth.admin({ cookie: false })
   const { version } = yield* Managed.current
   return ok(configView(version))
 })
 
 /** POST /v1/admin/devices: registers a device; its token appears in this response only. */
-export const addDevice = Effect.gen(function* () {
+const addDevice = Effect.gen(function* () {
   yield* Auth.admin({ cookie: false })
   const settings = yield* Settings
   const req = yield* Request.body(WorkerApi.DeviceCreate, settings.maxBodyBytes)
@@ -84,7 +84,7 @@ export const addDevice = Effect.gen(function* () {
 })
 
 /** DELETE /v1/admin/devices/:id: revokes a device; its token stops working at once. */
-export const revokeDevice = Effect.gen(function* () {
+const revokeDevice = Effect.gen(function* () {
   yield* Auth.admin({ cookie: false })
   const id = yield* Request.idParam("id")
   const store = yield* Store.Store
@@ -95,7 +95,7 @@ export const revokeDevice = Effect.gen(function* () {
 })
 
 /** GET /v1/admin/assignments?state=&limit=: assignment views, newest first. */
-export const listAssignments = Effect.gen(function* () {
+const listAssignments = Effect.gen(function* () {
   yield* Auth.admin({ cookie: false })
   const q = yield* Request.query(WorkerApi.AssignmentListQuery)
   const store = yield* Store.Store
@@ -105,7 +105,7 @@ export const listAssignments = Effect.gen(function* () {
 })
 
 /** GET /v1/admin/assignments/:id: one assignment and its accepted timeline. */
-export const getAssignment = Effect.gen(function* () {
+const getAssignment = Effect.gen(function* () {
   yield* Auth.admin({ cookie: false })
   const id = yield* Request.idParam("id")
   const store = yield* Store.Store
@@ -116,7 +116,7 @@ export const getAssignment = Effect.gen(function* () {
 })
 
 /** GET /v1/admin/cycles?source=&limit=: discovery cycle records, newest first. */
-export const listCycles = Effect.gen(function* () {
+const listCycles = Effect.gen(function* () {
   yield* Auth.admin({ cookie: false })
   const q = yield* Request.query(WorkerApi.CycleListQuery)
   const store = yield* Store.Store
@@ -125,7 +125,7 @@ export const listCycles = Effect.gen(function* () {
 })
 
 /** GET /v1/admin/targets: target counts by source and status. */
-export const targets = Effect.gen(function* () {
+const targets = Effect.gen(function* () {
   yield* Auth.admin({ cookie: false })
   yield* Request.query(WorkerApi.EmptyQuery)
   const store = yield* Store.Store
@@ -137,7 +137,7 @@ export const targets = Effect.gen(function* () {
  * metric is listed, so a metric with no completed observation shows as
  * insufficient with a count of 0 rather than disappearing.
  */
-export const percentileData = (q: z.infer<typeof WorkerApi.PercentileQuery>) =>
+export const percentileData = (q: z.infer<typeof WorkerApi.PercentileQuery>): Effect.Effect<z.infer<typeof WorkerApi.PercentileResponse>, ApiError, Store.Store> =>
   Effect.gen(function* () {
     const store = yield* Store.Store
     const { document } = yield* Managed.current
@@ -163,14 +163,14 @@ export const percentileData = (q: z.infer<typeof WorkerApi.PercentileQuery>) =>
   })
 
 /** GET /v1/admin/percentiles?source&metric&outcome&windowHours: p50/p95/p99 with sample counts and insufficient labels. */
-export const percentiles = Effect.gen(function* () {
+const percentiles = Effect.gen(function* () {
   yield* Auth.admin({ cookie: false })
   const q = yield* Request.query(WorkerApi.PercentileQuery)
   return ok(yield* percentileData(q))
 })
 
 /** The dashboard's headline numbers. */
-export const summaryData = Effect.gen(function* () {
+export const summaryData: Effect.Effect<z.infer<typeof WorkerApi.SummaryView>, ApiError, Store.Store> = Effect.gen(function* () {
   const store = yield* Store.Store
   const counts = yield* storeOp(store.countTargets())
   const cycles = yield* storeOp(store.listCycles({ limit: 100_000 }))
@@ -201,14 +201,14 @@ export const summaryData = Effect.gen(function* () {
 })
 
 /** GET /v1/admin/summary: targets queued new and updated, assignments running, completed, timed out, expired. */
-export const summary = Effect.gen(function* () {
+const summary = Effect.gen(function* () {
   yield* Auth.admin({ cookie: false })
   yield* Request.query(WorkerApi.EmptyQuery)
   return ok(yield* summaryData)
 })
 
 /** The admin API routes. */
-export const router = HttpRouter.empty.pipe(
+export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Settings> = HttpRouter.empty.pipe(
   HttpRouter.post("/v1/admin/config/preview", preview),
   HttpRouter.post("/v1/admin/config/apply", apply),
   HttpRouter.get("/v1/admin/config", getConfig),

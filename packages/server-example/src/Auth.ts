@@ -16,7 +16,7 @@ const isAdmin = (token: string) => Effect.map(Settings, (s) => Tokens.equal(toke
  * The device behind the bearer token: 401 when missing or unknown (revoked
  * devices included), 403 when the admin token is used on the Worker API.
  */
-export const device = Effect.gen(function* () {
+export const device: Effect.Effect<Store.Device, ApiError, HttpServerRequest.HttpServerRequest | Store.Store | Settings> = Effect.gen(function* () {
   const token = yield* bearer
   if (token === null) return yield* Effect.fail(unauthorized("a device bearer token is required (Authorization: Bearer <token>)"))
   const store = yield* Store.Store
@@ -31,7 +31,7 @@ export const device = Effect.gen(function* () {
  * Requires the admin token, as a bearer token or (for the dashboard) the
  * admin cookie: 401 when missing or wrong, 403 when a device token is used.
  */
-export const admin = (opts: { readonly cookie: boolean }) =>
+export const admin = (opts: { readonly cookie: boolean }): Effect.Effect<void, ApiError, HttpServerRequest.HttpServerRequest | Store.Store | Settings> =>
   Effect.gen(function* () {
     const req = yield* HttpServerRequest.HttpServerRequest
     const token = (yield* bearer) ?? (opts.cookie ? (req.cookies[adminCookie] ?? null) : null)

@@ -140,7 +140,7 @@ const unauthorizedPage = (message: string, status: number) =>
  * GET /: the dashboard. `/?token=<admin token>` sets the admin cookie and
  * redirects to `/`, so the token leaves the address bar and the history.
  */
-export const dashboard = Effect.gen(function* () {
+const dashboard = Effect.gen(function* () {
   const req = yield* HttpServerRequest.HttpServerRequest
   const url = new URL(req.url, "http://localhost")
   const given = url.searchParams.get("token")
@@ -186,4 +186,4 @@ ${percentileTable(pct)}
 )
 
 /** The dashboard route. */
-export const router = HttpRouter.empty.pipe(HttpRouter.get("/", dashboard))
+export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Settings> = HttpRouter.empty.pipe(HttpRouter.get("/", dashboard))

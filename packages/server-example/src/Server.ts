@@ -33,7 +33,7 @@ const metricsRoute = Effect.gen(function* () {
 const healthRoute = Effect.succeed(HttpServerResponse.unsafeJson({ ok: true }))
 
 /** Every route of the server. */
-export const router = HttpRouter.concatAll(WorkerRoutes.router, AdminRoutes.router, Dashboard.router).pipe(
+export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Settings | Metrics.Metrics> = HttpRouter.concatAll(WorkerRoutes.router, AdminRoutes.router, Dashboard.router).pipe(
   HttpRouter.get("/metrics", metricsRoute),
   HttpRouter.get("/healthz", healthRoute)
 )

@@ -32,7 +32,7 @@ const owned = (reservationId: number, deviceId: number) =>
   })
 
 /** POST /v1/assignments/claim: one assignment for one slot, or `{ assignment: null }` when nothing is pending. */
-export const claim = Effect.gen(function* () {
+const claim = Effect.gen(function* () {
   const device = yield* Auth.device
   const settings = yield* Settings
   const req = yield* Request.body(WorkerApi.ClaimRequest, settings.maxBodyBytes)
@@ -51,7 +51,7 @@ export const claim = Effect.gen(function* () {
 })
 
 /** POST /v1/assignments/:id/progress: a batch of events, accepted idempotently; renews nothing. */
-export const progress = Effect.gen(function* () {
+const progress = Effect.gen(function* () {
   const device = yield* Auth.device
   const id = yield* Request.idParam("id")
   const settings = yield* Settings
@@ -73,7 +73,7 @@ export const progress = Effect.gen(function* () {
 })
 
 /** POST /v1/assignments/:id/result: the result, under the result-upload deadline; answers with the receipt. */
-export const result = Effect.gen(function* () {
+const result = Effect.gen(function* () {
   const device = yield* Auth.device
   const id = yield* Request.idParam("id")
   const req = yield* Request.body(WorkerApi.ResultRequest, WorkerApi.maxResultBytes)
@@ -88,7 +88,7 @@ export const result = Effect.gen(function* () {
 })
 
 /** POST /v1/assignments/:id/release: gives an active reservation back; the target returns to pending. */
-export const release = Effect.gen(function* () {
+const release = Effect.gen(function* () {
   const device = yield* Auth.device
   const id = yield* Request.idParam("id")
   const settings = yield* Settings
@@ -103,7 +103,7 @@ export const release = Effect.gen(function* () {
 })
 
 /** GET /v1/assignments/:id: the caller's own assignment. */
-export const get = Effect.gen(function* () {
+const get = Effect.gen(function* () {
   const device = yield* Auth.device
   const id = yield* Request.idParam("id")
   const a = yield* owned(id, device.id)
@@ -112,7 +112,7 @@ export const get = Effect.gen(function* () {
 })
 
 /** The Worker API routes. */
-export const router = HttpRouter.empty.pipe(
+export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Settings> = HttpRouter.empty.pipe(
   HttpRouter.post("/v1/assignments/claim", claim),
   HttpRouter.post("/v1/assignments/:id/progress", progress),
   HttpRouter.post("/v1/assignments/:id/result", result),

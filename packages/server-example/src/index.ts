@@ -1,3 +1,16 @@
-/** @scanfleet/server-example */
-export {}
+/** @scanfleet/server-example: the Worker API, admin API, dashboard and expiry sweeper, composed over any Store. */
+export * as AdminRoutes from "./AdminRoutes.js"
+export * as ApiError from "./ApiError.js"
+export * as ApiReference from "./ApiReference.js"
+export * as Auth from "./Auth.js"
+export * as Cli from "./Cli.js"
+export * as Dashboard from "./Dashboard.js"
+export * as Database from "./Database.js"
+export * as Metrics from "./Metrics.js"
 export * as Scheduler from "./Scheduler.js"
+export * as Server from "./Server.js"
+export * as ServerConfig from "./ServerConfig.js"
+export * as Sweeper from "./Sweeper.js"
+export * as Tokens from "./Tokens.js"
+export * as Views from "./Views.js"
+export * as WorkerRoutes from "./WorkerRoutes.js"

@@ -68,7 +68,7 @@ describe("discovery scheduler", () => {
       const intervalMs = 80
       const jitterMs = 40
       yield* Layer.build(Scheduler.layer([{ client: github, intervalMs, jitterMs, limits }]).pipe(Layer.provide(Layer.succeed(Store.Store, store)))).pipe(quiet)
-      yield* Effect.sleep("900 millis")
+      yield* Effect.sleep("1500 millis")
       const cycles = [...(yield* store.listCycles({ source: "github", limit: 100 }))].reverse()
       expect(cycles.length).toBeGreaterThanOrEqual(3)
       expect(cycles.some((c) => c.error !== null)).toBe(true)

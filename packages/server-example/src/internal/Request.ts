@@ -44,7 +44,7 @@ const tooLarge = (limit: number) =>
   new ApiError({ status: 413, error: "payload_too_large", message: `the request body exceeds ${limit} bytes`, issues: [{ path: [], message: `at most ${limit} bytes are accepted` }] })
 
 /** Reads the body as JSON, refusing oversized and malformed input with a 4xx. */
-export const json = (limit: number) =>
+export const json = (limit: number): Effect.Effect<unknown, ApiError, HttpServerRequest.HttpServerRequest> =>
   Effect.flatMap(readBody(limit), (text) =>
     Effect.try({
       try: (): unknown => JSON.parse(text),
@@ -59,14 +59,14 @@ export const json = (limit: number) =>
   )
 
 /** Reads and validates a JSON body with a zod schema. */
-export const body = <S extends z.ZodType>(schema: S, limit: number) =>
+export const body = <S extends z.ZodType>(schema: S, limit: number): Effect.Effect<z.output<S>, ApiError, HttpServerRequest.HttpServerRequest> =>
   Effect.flatMap(json(limit), (value) => {
     const r = schema.safeParse(value)
     return r.success ? Effect.succeed(r.data as z.output<S>) : Effect.fail(invalid("body", r.error))
   })
 
 /** Validates the query string with a zod schema (repeated keys are refused). */
-export const query = <S extends z.ZodType>(schema: S, omit: ReadonlyArray<string> = []) =>
+export const query = <S extends z.ZodType>(schema: S, omit: ReadonlyArray<string> = []): Effect.Effect<z.output<S>, ApiError, HttpServerRequest.HttpServerRequest> =>
   Effect.flatMap(HttpServerRequest.HttpServerRequest, (req) => {
     const url = new URL(req.url, "http://localhost")
     const obj: Record<string, string | Array<string>> = {}
@@ -80,7 +80,7 @@ export const query = <S extends z.ZodType>(schema: S, omit: ReadonlyArray<string
   })
 
 /** A positive integer path parameter. */
-export const idParam = (name: string) =>
+export const idParam = (name: string): Effect.Effect<number, ApiError, HttpRouter.RouteContext> =>
   Effect.flatMap(HttpRouter.params, (p) => {
     const v = p[name] ?? ""
     return /^[1-9][0-9]{0,14}$/.test(v)
