@@ -26,6 +26,8 @@ export interface WorkloadResult {
   readonly unit: string
   /** Throughputs are better higher; latencies lower. The ratio column is always a speed ratio. */
   readonly higherIsBetter: boolean
+  /** No ratio column (the figure is not a speed). */
+  readonly noRatio?: boolean
   readonly systems: ReadonlyArray<SystemResult>
   readonly notes: ReadonlyArray<string>
 }
@@ -93,10 +95,10 @@ export const table = (w: WorkloadResult): string => {
     const vs = s.samples.map((x) => x.value)
     const st = s.samples.map((x) => x.statementsPerUnit).filter((x): x is number => x !== undefined)
     const med = median(vs)
-    const ratio = s === sf || !sf || Number.isNaN(sfMed) || Number.isNaN(med) ? "" : `${speedRatio(w, sfMed, med).toFixed(2)}x`
+    const ratio = w.noRatio || s === sf || !sf || Number.isNaN(sfMed) || Number.isNaN(med) ? "" : `${speedRatio(w, sfMed, med).toFixed(2)}x`
     return [
       s.system,
-      s.errors.length > 0 && vs.length === 0 ? `FAILED: ${s.errors[0].split("\n")[0].slice(0, 60)}` : fmt(med),
+      s.errors.length > 0 && vs.length === 0 ? "FAILED (see below)" : fmt(med),
       vs.length ? `${fmt(Math.min(...vs))}..${fmt(Math.max(...vs))}` : "-",
       String(vs.length),
       st.length ? fmt(median(st)) : "-",
@@ -127,7 +129,11 @@ export const table = (w: WorkloadResult): string => {
           .join(", ")
     ]
   })
-  const notes = [...w.systems.filter((s) => s.note).map((s) => `- ${s.system}: ${s.note}`), ...w.notes.map((n) => `- ${n}`)]
+  const notes = [
+    ...w.systems.filter((s) => s.errors.length > 0).map((s) => `- ${s.system} FAILED: ${s.errors[0].replace(/\s+/g, " ").slice(0, 300)}`),
+    ...w.systems.filter((s) => s.note).map((s) => `- ${s.system}: ${s.note}`),
+    ...w.notes.map((n) => `- ${n}`)
+  ]
   if (extras.length) out.push("", "Secondary figures (medians):", ...extras)
   if (notes.length) out.push("", ...notes)
   return out.join("\n")

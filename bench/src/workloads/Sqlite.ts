@@ -1,5 +1,217 @@
-/** Workload 7 (placeholder until written). */
-import type { Ctx } from "../Context.js"
-import type { WorkloadResult } from "../Report.js"
+/**
+ * Workload 7: the claim, discovery and ingest workloads on SQLite, scanfleet's
+ * SqliteStore against raw better-sqlite3 prepared statements. Both run on the
+ * same schema: the raw file is created by SqliteStore's migrations and then
+ * driven directly, so the comparison is the store's overhead, not the schema's.
+ */
+import Database from "better-sqlite3"
+import { Effect } from "effect"
+import { mkdtempSync, rmSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { chunks, since, size, type Ctx } from "../Context.js"
+import { measure, type Contender, type Sample, type SystemResult, type WorkloadResult } from "../Report.js"
+import * as Scanfleet from "../Scanfleet.js"
+import { event } from "./Progress.js"
 
-export const all = async (_ctx: Ctx): Promise<Array<WorkloadResult>> => []
+const DAY = 86_400_000
+
+interface Shape {
+  readonly backlog: number
+  readonly jobs: number
+  readonly capSeconds: number
+  readonly rows: number
+  readonly batch: number
+  readonly events: number
+  readonly eventBatch: number
+}
+
+const identity = (i: number) => `org-${i % 997}/repo-${i}`
+
+const freshFile = () => {
+  const dir = mkdtempSync(join(tmpdir(), "scanfleet-bench-sqlite-"))
+  return { file: join(dir, "bench.db"), remove: () => rmSync(dir, { recursive: true, force: true }) }
+}
+
+const scanfleetRun = async (s: Shape): Promise<Sample> => {
+  const f = freshFile()
+  const sf = await Scanfleet.openSqlite(f.file)
+  try {
+    const now = Date.now()
+    const extra: Record<string, number> = {}
+    // claim + complete, one at a time
+    const device = await sf.run((st) => st.addDevice({ name: "bench", slots: 1, tokenHash: "h", now }))
+    for (const c of chunks(Array.from({ length: s.backlog }, (_, i) => i), 10_000))
+      await sf.run((st) => st.recordObservations(c.map((i) => ({ source: "gitlab" as const, identity: `q/${i}`, remoteAt: null })), now))
+    let done = 0
+    let t0 = performance.now()
+    const deadline = t0 + s.capSeconds * 1000
+    while (done < s.jobs && performance.now() < deadline) {
+      const a = await sf.run((st) => st.claim({ deviceId: device.id, slot: 0, now: Date.now(), config: Scanfleet.config }))
+      if (a === null) throw new Error("backlog ran dry")
+      await sf.run((st) => st.submitResult({ deviceId: a.deviceId, reservationId: a.reservationId, fence: a.fence, now: Date.now(), outcome: "clean", finalPhase: null, body: "{}" }))
+      done++
+    }
+    extra["claim+complete jobs/s"] = done / since(t0)
+    // discovery: seed, mark completed, then a 10 %-newer pass
+    const ids = Array.from({ length: s.rows }, (_, i) => i)
+    for (const c of chunks(ids, s.batch))
+      await sf.run((st) => st.recordObservations(c.map((i) => ({ source: "github" as const, identity: identity(i), remoteAt: now - 10 * DAY + i })), now))
+    const db = new Database(f.file)
+    db.prepare("UPDATE targets SET status = 'completed', covered_remote_at = observed_remote_at, completed_at = ?, last_scan_started_at = ? WHERE source = 'github'").run(now - 5 * DAY, now - 5 * DAY)
+    db.close()
+    t0 = performance.now()
+    for (const c of chunks(ids, s.batch))
+      await sf.run((st) =>
+        st.recordObservations(c.map((i) => ({ source: "github" as const, identity: identity(i), remoteAt: i % 10 === 0 ? now - DAY : now - 10 * DAY + i })), now)
+      )
+    extra["discovery obs/s (10% newer)"] = s.rows / since(t0)
+    // progress ingest, one reservation, batches of eventBatch
+    const a = await sf.run((st) =>
+      Effect.flatMap(st.recordObservations([{ source: "huggingface", identity: "progress", remoteAt: null }], now), () =>
+        st.addDevice({ name: "p", slots: 1, tokenHash: "p", now })
+      ).pipe(Effect.flatMap((d) => Effect.flatMap(st.claim({ deviceId: d.id, slot: 0, now, config: Scanfleet.config, sources: ["huggingface"] }), Effect.fromNullable)))
+    )
+    t0 = performance.now()
+    for (let seq = 1; seq <= s.events; seq += s.eventBatch) {
+      const evs = Array.from({ length: Math.min(s.eventBatch, s.events - seq + 1) }, (_, k) => event(seq + k, now))
+      await sf.run((st) => st.appendProgress({ deviceId: a.deviceId, reservationId: a.reservationId, fence: a.fence, now: Date.now() }, evs))
+    }
+    extra["ingest events/s"] = s.events / since(t0)
+    const tl = await sf.run((st) => st.timeline(a.reservationId))
+    if (tl.length !== s.events) throw new Error(`verification: ${tl.length} events stored, expected ${s.events}`)
+    return { value: extra["claim+complete jobs/s"], extra }
+  } finally {
+    await sf.close()
+    f.remove()
+  }
+}
+
+const rawRun = async (s: Shape): Promise<Sample> => {
+  const f = freshFile()
+  // the same schema as scanfleet's: its own migrations create it
+  await (await Scanfleet.openSqlite(f.file)).close()
+  const db = new Database(f.file)
+  db.pragma("journal_mode = WAL")
+  try {
+    const now = Date.now()
+    const extra: Record<string, number> = {}
+    const deviceId = Number(db.prepare("INSERT INTO devices (name, slots, token_hash, created_at) VALUES ('bench', 1, 'h', ?)").run(now).lastInsertRowid)
+    const upsert = db.prepare(`
+      INSERT INTO targets (source, identity, status, observed_remote_at, discovered_at) VALUES (?, ?, 'pending', ?, ?)
+      ON CONFLICT (source, identity) DO UPDATE
+        SET observed_remote_at = MAX(COALESCE(targets.observed_remote_at, excluded.observed_remote_at), excluded.observed_remote_at)
+        WHERE excluded.observed_remote_at IS NOT NULL
+          AND (targets.observed_remote_at IS NULL OR excluded.observed_remote_at > targets.observed_remote_at)`)
+    const record = db.transaction((rows: ReadonlyArray<readonly [string, string, number | null]>) => {
+      for (const r of rows) upsert.run(r[0], r[1], r[2], now)
+    })
+    for (const c of chunks(Array.from({ length: s.backlog }, (_, i) => i), 10_000)) record.immediate(c.map((i) => ["gitlab", `q/${i}`, null] as const))
+    // claim: the same single-statement pick as the store, plus the reservation row
+    const pick = db.prepare(`
+      UPDATE targets SET status = 'in_progress', covered_remote_at = observed_remote_at, fence = fence + 1, last_scan_started_at = ?, attempts = attempts + 1
+      WHERE status = 'pending' AND id = (SELECT id FROM targets WHERE status = 'pending' ORDER BY id LIMIT 1)
+      RETURNING id, source, identity, fence, covered_remote_at`)
+    const reserve = db.prepare(`
+      INSERT INTO assignments (target_id, source, identity, device_id, slot, fence, policy, covered_remote_at, issued_at, scan_deadline, upload_deadline, expires_at, state)
+      VALUES (?, ?, ?, ?, 0, ?, '{}', ?, ?, ?, ?, ?, 'active') RETURNING reservation_id`)
+    const claim = db.transaction((t: number) => {
+      const row = pick.get(t) as { id: number; source: string; identity: string; fence: number; covered_remote_at: number | null } | undefined
+      if (!row) return null
+      const r = reserve.get(row.id, row.source, row.identity, deviceId, row.fence, row.covered_remote_at, t, t + 1800_000, t + 2100_000, t + 3600_000) as { reservation_id: number }
+      return { targetId: row.id, fence: row.fence, reservationId: r.reservation_id }
+    })
+    const endA = db.prepare("UPDATE assignments SET state = 'completed', outcome = 'clean', ended_at = ? WHERE reservation_id = ? AND fence = ? AND state = 'active'")
+    const endT = db.prepare("UPDATE targets SET status = 'completed', completed_at = ? WHERE id = ? AND status = 'in_progress' AND fence = ?")
+    const receipt = db.prepare("INSERT INTO results (reservation_id, receipt_id, outcome, accepted_at, body) VALUES (?, ?, 'clean', ?, '{}')")
+    const complete = db.transaction((c: { targetId: number; fence: number; reservationId: number }, t: number) => {
+      if (endA.run(t, c.reservationId, c.fence).changes !== 1 || endT.run(t, c.targetId, c.fence).changes !== 1) throw new Error("fenced complete refused")
+      receipt.run(c.reservationId, `rc-${c.reservationId}`, t)
+    })
+    let done = 0
+    let t0 = performance.now()
+    const deadline = t0 + s.capSeconds * 1000
+    while (done < s.jobs && performance.now() < deadline) {
+      const c = claim.immediate(Date.now())
+      if (c === null) throw new Error("backlog ran dry")
+      complete.immediate(c, Date.now())
+      done++
+    }
+    extra["claim+complete jobs/s"] = done / since(t0)
+    const ids = Array.from({ length: s.rows }, (_, i) => i)
+    for (const c of chunks(ids, s.batch)) record.immediate(c.map((i) => ["github", identity(i), now - 10 * DAY + i] as const))
+    db.prepare("UPDATE targets SET status = 'completed', covered_remote_at = observed_remote_at, completed_at = ?, last_scan_started_at = ? WHERE source = 'github'").run(now - 5 * DAY, now - 5 * DAY)
+    t0 = performance.now()
+    for (const c of chunks(ids, s.batch)) record.immediate(c.map((i) => ["github", identity(i), i % 10 === 0 ? now - DAY : now - 10 * DAY + i] as const))
+    extra["discovery obs/s (10% newer)"] = s.rows / since(t0)
+    const p = claim.immediate(now)!
+    const ins = db.prepare("INSERT INTO progress_events (reservation_id, seq, kind, phase, at, detail, accepted_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING")
+    const bump = db.prepare("UPDATE assignments SET last_seq = ?, last_phase = ?, last_progress_at = ? WHERE reservation_id = ? AND fence = ? AND state = 'active'")
+    const append = db.transaction((evs: ReadonlyArray<ReturnType<typeof event>>, t: number) => {
+      for (const e of evs) ins.run(p.reservationId, e.seq, e.kind, e.phase, e.at, e.detail, t)
+      const last = evs[evs.length - 1]
+      bump.run(last.seq, last.phase, t, p.reservationId, p.fence)
+    })
+    t0 = performance.now()
+    for (let seq = 1; seq <= s.events; seq += s.eventBatch)
+      append.immediate(Array.from({ length: Math.min(s.eventBatch, s.events - seq + 1) }, (_, k) => event(seq + k, now)), Date.now())
+    extra["ingest events/s"] = s.events / since(t0)
+    return { value: extra["claim+complete jobs/s"], extra }
+  } finally {
+    db.close()
+    f.remove()
+  }
+}
+
+const pick = (systems: ReadonlyArray<SystemResult>, key: string): Array<SystemResult> =>
+  systems.map((s) => ({ ...s, samples: s.samples.map((x) => ({ value: Number(x.extra?.[key]) })) }))
+
+/** Workload 7 as three tables. */
+export const all = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
+  const s: Shape = {
+    backlog: size(ctx, "sqlite.backlog", 5_000, 20_000),
+    jobs: size(ctx, "sqlite.jobs", 1_000, 5_000),
+    capSeconds: size(ctx, "sqlite.cap", 4, 10),
+    rows: size(ctx, "sqlite.rows", 20_000, 100_000),
+    batch: 10_000,
+    events: size(ctx, "sqlite.events", 5_000, 20_000),
+    eventBatch: 100
+  }
+  const missing = await Scanfleet.sqliteMissing()
+  if (missing) throw new Error(`scanfleet's SqliteStore is needed (the raw side uses its schema): ${missing}`)
+  const contenders: Array<Contender> = [
+    { name: "scanfleet SqliteStore", note: "the Store port through Effect, one file in WAL mode", run: () => scanfleetRun(s) },
+    { name: "raw better-sqlite3", note: "prepared statements in IMMEDIATE transactions, same schema and the same SQL shapes, no phase-model or ownership checks beyond the fence", run: () => rawRun(s) }
+  ]
+  const systems = await measure(contenders, ctx.runs, ctx.log)
+  const common = "SQLite in WAL mode with better-sqlite3's default synchronous setting, one process, one connection, sequential"
+  return [
+    {
+      id: "7.claim",
+      title: `SQLite: claim + fenced complete, one at a time (${s.backlog.toLocaleString("en-US")} backlog, up to ${s.jobs.toLocaleString("en-US")} jobs or ${s.capSeconds} s)`,
+      goal: ">= 0.7x raw better-sqlite3",
+      unit: "jobs/s",
+      higherIsBetter: true,
+      systems: pick(systems, "claim+complete jobs/s"),
+      notes: [common]
+    },
+    {
+      id: "7.discovery",
+      title: `SQLite: record ${s.rows.toLocaleString("en-US")} observations, 10% newer, batches of ${s.batch.toLocaleString("en-US")}`,
+      goal: ">= 0.7x raw better-sqlite3",
+      unit: "obs/s",
+      higherIsBetter: true,
+      systems: pick(systems, "discovery obs/s (10% newer)"),
+      notes: []
+    },
+    {
+      id: "7.ingest",
+      title: `SQLite: progress ingest, one reservation, ${s.events.toLocaleString("en-US")} events in batches of ${s.eventBatch}, no duplicates`,
+      goal: ">= 0.7x raw better-sqlite3",
+      unit: "events/s",
+      higherIsBetter: true,
+      systems: pick(systems, "ingest events/s"),
+      notes: []
+    }
+  ]
+}
