@@ -3,7 +3,6 @@
 // IPC channel: the unit reports each phase it enters, asks for a scan permit,
 // runs the scanner and stages the result in a file. The controller's watchdog
 // alone decides when the unit must die; the unit never looks at a clock.
-import { execa } from "execa"
 import { mkdir, rm, writeFile, rename, open } from "node:fs/promises"
 import { pathToFileURL } from "node:url"
 
@@ -50,6 +49,8 @@ process.on("message", (msg) => {
 })
 
 const runCommand = async (job) => {
+  // Loaded here, not at the top, so the unit reports its first phase as early as it can.
+  const { execa } = await import("execa")
   const spec = job.scanner
   if (spec.acquire) {
     enter("acquiring")

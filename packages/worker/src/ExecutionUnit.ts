@@ -78,6 +78,8 @@ export const run = (opts: Options): Promise<End> =>
   new Promise<End>((resolve) => {
     const child = fork(opts.childPath ?? defaultChildPath(), [], {
       detached: true,
+      // A plain Node: the controller's own flags (loaders, inspectors) are not the unit's business.
+      execArgv: [],
       stdio: ["ignore", "ignore", "pipe", "ipc"],
       serialization: "json"
     })

@@ -206,10 +206,12 @@ export const start = async (opts: Options): Promise<Device> => {
 
   const spec = opts.scanner
 
-  const execute = async (slot: number, view: WorkerApi.AssignmentView) => {
+  const execute = async (slot: number, view: WorkerApi.AssignmentView, askedAt: number) => {
     const id = view.reservationId
     const now = Date.now()
-    const offset = now - view.serverNow
+    // Measured from when the claim was sent, the offset errs early: the device
+    // stops by the server's deadline even with the request's latency unknown.
+    const offset = askedAt - view.serverNow
     const deadlines = {
       scan: view.deadlines.targetScan.at + offset,
       upload: view.deadlines.resultUpload.at + offset,
@@ -343,6 +345,7 @@ export const start = async (opts: Options): Promise<Device> => {
     let backoff = 0
     while (!stopping) {
       let view: WorkerApi.AssignmentView | null
+      const askedAt = Date.now()
       try {
         view = await client.claim(slot)
         backoff = 0
@@ -359,7 +362,7 @@ export const start = async (opts: Options): Promise<Device> => {
         continue
       }
       try {
-        await execute(slot, view)
+        await execute(slot, view, askedAt)
       } catch (e) {
         emit({ type: "error", message: `slot ${slot}, reservation ${view.reservationId}: ${(e as Error).stack ?? e}` })
         await sleep(pollMs)

@@ -112,7 +112,7 @@ describe("worker device against the scanfleet server", () => {
 
   it("Scanner child exceeds the deadline", async () => {
     const scanner = Scanner.command({ name: "stubborn", command: process.execPath, args: [fixture("stubborn-scanner.mjs"), join(dir, "{identity}.pids")], exitCodes: { "0": "clean" } })
-    const t = await setup({ scanner, scanSeconds: 2, targets: ["stubborn-1"], graceMs: 300 })
+    const t = await setup({ scanner, scanSeconds: 3, targets: ["stubborn-1"], graceMs: 300 })
     const freed = await t.freed()
     expect(freed.end).toBe("deadline")
     // The slot is free within the grace period plus one second of the target-scan deadline.
@@ -138,7 +138,7 @@ describe("worker device against the scanfleet server", () => {
 
   it("Cleanup blocks after scanner exit", async () => {
     const scanner = Scanner.runnerModule({ name: "blocking", module: fixture("blocking-runner.mjs"), options: { block: "cleanup" } })
-    const t = await setup({ scanner, scanSeconds: 2, targets: ["blocks-1", "blocks-2"] })
+    const t = await setup({ scanner, scanSeconds: 3, targets: ["blocks-1", "blocks-2"] })
     const freed = await t.freed()
     expect(freed.end).toBe("deadline")
     expect(freed.at - freed.scanDeadline).toBeLessThan(300 + 1000)
