@@ -286,9 +286,10 @@ describe("DockerHub client", () => {
     Effect.gen(function* () {
       const fakes = yield* FakeSources.scoped()
       fakes.dockerhub.credentials = { identifier: "me", secret: "dckr_pat_x" }
-      fakes.dockerhub.tag("acme/api", "latest", digest(1))
-      fakes.dockerhub.tag("acme/api", "1.0", digest(2))
-      fakes.dockerhub.tag("acme/web", "latest", digest(3))
+      const now = Date.now()
+      fakes.dockerhub.tag("acme/api", "latest", digest(1), now)
+      fakes.dockerhub.tag("acme/api", "1.0", digest(2), now - HOUR)
+      fakes.dockerhub.tag("acme/web", "latest", digest(3), now - 2 * HOUR)
       const c = yield* client(DockerHub.make({ ...fast, baseUrl: fakes.dockerhub.url, namespaces: ["acme"], username: "me", token: "dckr_pat_x", pageSize: 1 }))
       const store = MemoryStore.make()
       const { cycle: r } = yield* cycle(c, store, configWith("dockerhub", {}), Date.now())
