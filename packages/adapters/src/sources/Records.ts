@@ -14,6 +14,27 @@ export const guessIdentity = (raw: unknown, fields: ReadonlyArray<string>): stri
   return null
 }
 
+/** The longest identity discovery stores, in UTF-8 bytes: far above any real one, and within every index of every backend. */
+export const maxIdentityBytes = 1024
+
+const unpairedSurrogate = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/
+const controlCharacter = /[\u0000-\u001F\u007F]/
+
+/**
+ * Why an identity cannot be stored exactly as the API sent it, or null when it
+ * can. PostgreSQL refuses a NUL byte, both backends replace an unpaired
+ * surrogate (so the stored identity would differ from the listed one), and a
+ * huge name overflows the unique index: any of these would fail the whole
+ * batch, so such a record is set aside as malformed instead.
+ */
+export const identityProblem = (identity: string): string | null => {
+  if (controlCharacter.test(identity)) return "the identity contains a control character"
+  if (unpairedSurrogate.test(identity)) return "the identity is not valid Unicode (an unpaired surrogate)"
+  const bytes = new TextEncoder().encode(identity).length
+  if (bytes > maxIdentityBytes) return `the identity is ${bytes} bytes long; at most ${maxIdentityBytes} are stored`
+  return null
+}
+
 /**
  * Reads the records of one page: each is parsed with its schema on its own,
  * so a malformed record is set aside with its identity and never fails the
@@ -39,6 +60,11 @@ export const read = <S extends z.ZodType>(
     const d = describe(parsed.data)
     if ("malformed" in d) {
       malformed.push({ identity: guessIdentity(raw, identityFields), reason: d.malformed })
+      continue
+    }
+    const problem = identityProblem(d.identity)
+    if (problem !== null) {
+      malformed.push({ identity: d.identity.slice(0, 200), reason: problem })
       continue
     }
     const remoteAt = RemoteTimestamp.normalize(source, d.rawRemoteAt, now) ?? null
