@@ -32,7 +32,15 @@ export const fieldOf: Record<Source, string | undefined> = {
 const iso =
   /^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,9}))?)?([Zz]|[+-]\d{2}:?\d{2})$/
 
-const daysIn = (y: number, m: number) => new Date(Date.UTC(y, m, 0)).getUTCDate()
+// Date.UTC reads years 0–99 as 1900–1999; setting the full year avoids that.
+const utc = (y: number, mo: number, d: number, h = 0, mi = 0, s = 0, ms = 0): number => {
+  const t = new Date(0)
+  t.setUTCFullYear(y, mo, d)
+  t.setUTCHours(h, mi, s, ms)
+  return t.getTime()
+}
+
+const daysIn = (y: number, m: number) => new Date(utc(y, m, 0)).getUTCDate()
 
 /**
  * Parses an ISO-8601 instant with an explicit offset into UTC epoch milliseconds,
@@ -54,7 +62,7 @@ export const parseInstant = (raw: unknown): number | undefined => {
     if (oh > 23 || om > 59) return undefined
     offsetMin = sign * (oh * 60 + om)
   }
-  const t = Date.UTC(y, mo - 1, d, h, mi, s, ms) - offsetMin * 60_000
+  const t = utc(y, mo - 1, d, h, mi, s, ms) - offsetMin * 60_000
   return Number.isFinite(t) ? t : undefined
 }
 

@@ -54,6 +54,16 @@ describe("RemoteTimestamp", () => {
     }
   })
 
+  it.prop(
+    "parseInstant reads every four-digit-year instant as the platform's Date does",
+    [fc.date({ min: new Date("0000-01-01T00:00:00.000Z"), max: new Date("9999-12-31T23:59:59.999Z"), noInvalidDate: true })],
+    ([d]) => {
+      expect(RemoteTimestamp.parseInstant(d.toISOString())).toBe(d.getTime())
+    },
+    // Regression: seed -2108319695 found years 0–99 read as 1900–1999 (0099-12-31 became 1999-12-31).
+    { fastCheck: { seed: -2108319695 } }
+  )
+
   it.prop("a timestamp without an explicit offset is never valid", [validInstant], ([ms]) => {
     const local = format(ms, 0, 3).slice(0, -1)
     expect(RemoteTimestamp.normalize("github", local, now)).toBeUndefined()
