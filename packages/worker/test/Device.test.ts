@@ -154,7 +154,7 @@ describe("worker device against the scanfleet server", () => {
 
   it("Permit acquisition consumes the budget", async () => {
     const scanner = Scanner.command({ name: "marker", command: process.execPath, args: [fixture("marker-scanner.mjs"), join(dir, "{identity}.marker")], exitCodes: { "0": "clean" } })
-    const t = await setup({ scanner, scanSeconds: 1, targets: ["no-permit"], permits: 0 })
+    const t = await setup({ scanner, scanSeconds: 2, targets: ["no-permit"], permits: 0 })
     const freed = await t.freed()
     expect(freed.end).toBe("deadline")
     await t.delivered(freed.reservationId)

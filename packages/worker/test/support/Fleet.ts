@@ -1,6 +1,5 @@
 import { Config, MemoryStore, Store } from "@scanfleet/core"
-import * as Server from "../../../server-example/src/Server.js"
-import * as ServerConfig from "../../../server-example/src/ServerConfig.js"
+import { Server, ServerConfig } from "@scanfleet/server-example"
 import { Layer, ManagedRuntime } from "effect"
 import { createServer, Socket, type Server as NetServer } from "node:net"
 
