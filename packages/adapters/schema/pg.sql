@@ -143,5 +143,5 @@ CREATE UNIQUE INDEX results_receipt_id_key ON results USING btree (receipt_id);
 CREATE UNIQUE INDEX scanfleet_migrations_pkey ON scanfleet_migrations USING btree (migration_id);
 CREATE INDEX targets_pending_idx ON targets USING btree (id) WHERE (status = 'pending'::text);
 CREATE UNIQUE INDEX targets_pkey ON targets USING btree (id);
-CREATE INDEX targets_promotion_idx ON targets USING btree (source, COALESCE(last_scan_started_at, completed_at, (0)::bigint), id) WHERE ((status = 'completed'::text) AND (observed_remote_at IS NOT NULL));
+CREATE INDEX targets_promotion_idx ON targets USING btree (source, COALESCE(last_scan_started_at, completed_at, (0)::bigint), id) WHERE ((status = 'completed'::text) AND (observed_remote_at > COALESCE(covered_remote_at, completed_at)));
 CREATE UNIQUE INDEX targets_source_identity_key ON targets USING btree (source, identity);

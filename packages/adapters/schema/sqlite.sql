@@ -125,4 +125,4 @@ CREATE INDEX durations_window_idx ON durations (at);
 CREATE INDEX targets_pending_idx ON targets (id) WHERE status = 'pending';
 
 CREATE INDEX targets_promotion_idx ON targets (source, (COALESCE(last_scan_started_at, completed_at, 0)), id)
-    WHERE status = 'completed' AND observed_remote_at IS NOT NULL;
+    WHERE status = 'completed' AND observed_remote_at > COALESCE(covered_remote_at, completed_at);

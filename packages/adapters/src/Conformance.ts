@@ -363,6 +363,15 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
           expect((yield* claimed(s, d.id, 3, T0)).identity).toBe("g2")
         }))
 
+      // Found by the model-based test: a source with nothing in flight still counts against a cap of zero.
+      test("a per-source cap of zero admits no claim", (s) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s, 1)
+          yield* s.recordObservations([obs("github", "a", null)], T0)
+          expect(yield* s.claim({ deviceId: d.id, slot: 0, now: T0, config, sourceCap: 0 })).toBeNull()
+          expect((yield* s.getTarget("github", "a")).status).toBe("pending")
+        }))
+
       test("Source override exists", (s) =>
         Effect.gen(function* () {
           const d = yield* addDevice(s, 1)

@@ -1,11 +1,10 @@
-import { PgClient } from "@effect/sql-pg"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer, Redacted } from "effect"
-import pg from "pg"
 import { inject } from "vitest"
 import { Store, type Target } from "@scanfleet/core"
 import * as PgStore from "../src/PgStore.js"
 import { countStatements } from "./support/Counting.js"
+import { capturing } from "./support/PgCapture.js"
 import { schema, urlFor } from "./support/PgSchema.js"
 import { freshStore as freshSqlite } from "./support/TempSqlite.js"
 
@@ -16,30 +15,15 @@ describe("recording a batch of 10,000 observations costs O(1) round trips", () =
   it.live("postgres: one query on the wire per batch, counted at the connection", () =>
     Effect.gen(function* () {
       const name = yield* schema(inject("pgUrl"))
-      let queries = 0
-      // Every query any pooled connection sends passes through this wrapper.
-      const pool = Effect.acquireRelease(
-        Effect.sync(() => {
-          const p = new pg.Pool({ connectionString: urlFor(inject("pgUrl"), name), max: 4, types: PgStore.types })
-          p.on("connect", (client) => {
-            const query = client.query.bind(client) as (...args: Array<unknown>) => unknown
-            ;(client as unknown as { query: (...args: Array<unknown>) => unknown }).query = (...args) => {
-              queries++
-              return query(...args)
-            }
-          })
-          return p
-        }),
-        (p) => Effect.promise(() => p.end())
-      )
-      const store = yield* Effect.provide(PgStore.make, yield* Layer.build(PgClient.layerFromPool({ acquire: pool })))
-      const before = queries
+      const wire = capturing(urlFor(inject("pgUrl"), name))
+      const store = yield* Effect.provide(PgStore.make, yield* Layer.build(wire.layer))
+      const before = wire.sent.length
       const first = yield* store.recordObservations(batch(10_000, T0), T0)
       expect(first.inserted).toHaveLength(10_000)
-      expect(queries - before).toBe(1)
+      expect(wire.sent.length - before).toBe(1)
       const again = yield* store.recordObservations(batch(10_000, T0 + 1000), T0 + 1)
       expect(again).toEqual({ inserted: [], known: 10_000 })
-      expect(queries - before).toBe(2)
+      expect(wire.sent.length - before).toBe(2)
     }).pipe(Effect.scoped))
 
   it.live("sqlite: a constant number of statements in one transaction, whatever the batch size", () =>

@@ -19,7 +19,9 @@ export const claimNext = (
   Effect.gen(function* () {
     const filters = [sql`c.status = 'pending'`]
     if (req.sources) filters.push(req.sources.length === 0 ? sql`1 = 0` : sql`c.source IN ${sql.in(req.sources)}`)
-    if (req.sourceCap !== undefined)
+    // A source without active assignments has no group below, so a cap of zero or less must exclude everything here.
+    if (req.sourceCap !== undefined && req.sourceCap <= 0) filters.push(sql`1 = 0`)
+    else if (req.sourceCap !== undefined)
       filters.push(sql`c.source NOT IN (
         SELECT a.source FROM assignments a WHERE a.state = 'active' GROUP BY a.source HAVING count(*) >= ${req.sourceCap})`)
     const rows = yield* sql<Record<string, unknown>>`

@@ -21,10 +21,10 @@ export default Effect.gen(function* () {
     )`
   // claim: the lowest-id pending target
   yield* sql`CREATE INDEX targets_pending_idx ON targets (id) WHERE status = 'pending'`
-  // promotion: completed targets of a source in core's order (stalest scan first)
+  // promotion: only completed targets changed since their coverage, per source in core's order (stalest scan first)
   yield* sql`
     CREATE INDEX targets_promotion_idx ON targets (source, (COALESCE(last_scan_started_at, completed_at, 0)), id)
-    WHERE status = 'completed' AND observed_remote_at IS NOT NULL`
+    WHERE status = 'completed' AND observed_remote_at > COALESCE(covered_remote_at, completed_at)`
   yield* sql`
     CREATE TABLE devices (
       id INTEGER PRIMARY KEY,
