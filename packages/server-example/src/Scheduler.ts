@@ -39,7 +39,8 @@ export const make = (schedules: ReadonlyArray<SourceSchedule>): Effect.Effect<Co
     const store = yield* Store.Store
     const bySource = new Map<Source.Source, { readonly schedule: SourceSchedule; readonly permit: Effect.Semaphore }>()
     for (const schedule of schedules) {
-      if (bySource.has(schedule.client.source)) throw new Error(`two schedules for ${schedule.client.source}: give one client several listings instead`)
+      if (bySource.has(schedule.client.source))
+        return yield* Effect.dieMessage(`two schedules for ${schedule.client.source}: give one client several listings instead`)
       bySource.set(schedule.client.source, { schedule, permit: yield* Effect.makeSemaphore(1) })
     }
     const once = (schedule: SourceSchedule) =>

@@ -136,6 +136,21 @@ describe("GitHub client", () => {
     })
   )
 
+  it.scopedLive("an exhausted quota announced on a successful page makes the next request wait for X-RateLimit-Reset", () =>
+    Effect.gen(function* () {
+      const fakes = yield* FakeSources.scoped()
+      const now = Date.now()
+      for (let i = 0; i < 3; i++) fakes.github.put(`acme/r${i}`, now - i * HOUR)
+      fakes.github.remaining = 0
+      fakes.github.resetAt = Math.floor(now / 1000) + 2
+      const c = yield* client(GitHub.make({ ...fast, pageSize: 2, baseUrl: fakes.github.url, listings: [{ kind: "org", org: "acme" }] }))
+      const { cycle: r } = yield* cycle(c, MemoryStore.make(), configWith("github", {}), now)
+      expect(r).toMatchObject({ pages: 2, results: 3, error: null })
+      expect(fakes.github.requests).toHaveLength(2)
+      expect(fakes.github.requests[1].at).toBeGreaterThanOrEqual(fakes.github.resetAt * 1000 - 5)
+    })
+  )
+
   it.scopedLive("a rate limit longer than the allowed wait ends the cycle with a recorded error and keeps the pages already read", () =>
     Effect.gen(function* () {
       const fakes = yield* FakeSources.scoped()
