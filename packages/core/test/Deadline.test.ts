@@ -115,6 +115,17 @@ describe("Config and Deadline", () => {
     expect(n!.label).not.toBe("deadline")
   })
 
+  it.prop("previewing any value never throws, and every refusal says where and why", [fc.oneof(fc.anything(), fc.jsonValue(), config.map((c) => ({ ...c, assignments: { ...c.assignments, extra: 1 } })))], ([candidate]) => {
+    const r = Config.preview(candidate)
+    if (Either.isLeft(r)) {
+      expect(r.left.length).toBeGreaterThan(0)
+      for (const v of r.left) {
+        expect(Array.isArray(v.path)).toBe(true)
+        expect(v.message.trim().length).toBeGreaterThan(0)
+      }
+    }
+  })
+
   it("the defaults validate", () => {
     expect(Config.preview(Config.defaults)).toEqual(Either.right(Config.defaults))
   })

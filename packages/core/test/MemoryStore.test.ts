@@ -38,7 +38,7 @@ const config: Config.ManagedConfig = {
 
 describe("MemoryStore against the pure rules", () => {
   it.prop(
-    "random command sequences keep every invariant of the rules",
+    "under any sequence of cycles, claims, progress, results, releases and expiries: observations only move forward, coverage moves only by claims, promotions stay within budget and once per covered revision, and every authority change moves the fence",
     [fc.array(command, { minLength: 1, maxLength: 80, size: "max" })],
     ([commands]) => {
       const store: Store.StoreShape = MemoryStore.make()
