@@ -105,7 +105,8 @@ export const main = async (argv: ReadonlyArray<string>, env: Record<string, stri
       const live = Server.layer(config).pipe(Layer.provide(Database.layer(config.databaseUrl, { poolSize: config.poolSize })))
       // runMain interrupts on SIGINT/SIGTERM: the listener stops, requests in flight finish, the pool closes.
       NodeRuntime.runMain(Layer.launch(live).pipe(Effect.tapErrorCause((c) => Effect.logError("server failed", c)), Effect.provide(Server.logger(config.logLevel))), {
-        disableErrorReporting: true
+        disableErrorReporting: true,
+        disablePrettyLogger: true
       })
       return await new Promise<number>(() => {})
     }

@@ -1,0 +1,92 @@
+import { Config } from "@scanfleet/core"
+import { writeFileSync } from "node:fs"
+import { request } from "node:http"
+import { dirname, join } from "node:path"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { sqliteFile } from "./fixtures/Databases.js"
+import { prepare, runCli, serve, type ServerProcess } from "./fixtures/ServerProcess.js"
+
+const adminToken = "cli-admin-token-0123456789abcdef"
+
+describe("scanfleet-server CLI (real child processes, SQLite file)", { timeout: 180_000 }, () => {
+  beforeAll(prepare)
+  const db = sqliteFile()
+  const env = { SCANFLEET_DATABASE_URL: db.url, SCANFLEET_ADMIN_TOKEN: adminToken }
+  const servers: Array<ServerProcess> = []
+  afterAll(async () => {
+    for (const s of servers) await s.stop("SIGKILL")
+    db.cleanup()
+  })
+  let deviceToken = ""
+
+  it("migrate, device add (token printed once), config preview and apply", async () => {
+    const m = await runCli(["migrate"], { SCANFLEET_DATABASE_URL: db.url })
+    expect(m.code, m.stderr).toBe(0)
+    expect(m.stdout).toContain("schema up to date")
+
+    const d = await runCli(["device", "add", "--name", "scanner-1", "--slots", "2"], { SCANFLEET_DATABASE_URL: db.url })
+    expect(d.code, d.stderr).toBe(0)
+    deviceToken = d.stdout.trim()
+    expect(deviceToken).toMatch(/^sfd_[A-Za-z0-9_-]{43}$/)
+    expect(d.stderr).toContain("shown once")
+
+    const dir = dirname(db.url.replace(/^sqlite:/, ""))
+    const bad = join(dir, "bad.json")
+    writeFileSync(bad, JSON.stringify({ ...Config.defaults, assignments: { ...Config.defaults.assignments, overrides: { dockerhub: { ttlSeconds: 60 } } } }))
+    const p = await runCli(["config", "preview", bad], env)
+    expect(p.code).toBe(1)
+    expect(p.stderr).toContain("assignments.overrides.dockerhub.ttlSeconds")
+    const good = join(dir, "good.json")
+    writeFileSync(good, JSON.stringify({ ...Config.defaults, assignments: { ...Config.defaults.assignments, overrides: { dockerhub: { ttlSeconds: 7200 } } } }))
+    const applied = await runCli(["config", "apply", good, "--by", "ci-test"], env)
+    expect(applied.code, applied.stderr).toBe(0)
+    expect(applied.stdout).toContain("applied as version 1 by ci-test")
+
+    const usage = await runCli(["frobnicate"], env)
+    expect(usage.code).toBe(2)
+    expect(usage.stderr).toContain("unknown command")
+  })
+
+  it("serve uses what the CLI stored; SIGTERM stops accepting, finishes the request in flight, and exits 0; tokens never reach the logs", async () => {
+    const s = await serve([], { ...env, SCANFLEET_LOG_LEVEL: "debug" })
+    servers.push(s)
+    const cfg = await (await fetch(`${s.url}/v1/admin/config`, { headers: { authorization: `Bearer ${adminToken}` } })).json()
+    expect(cfg).toMatchObject({ version: 1, appliedBy: "ci-test", origin: "applied" })
+    const claim = await fetch(`${s.url}/v1/assignments/claim`, { method: "POST", headers: { authorization: `Bearer ${deviceToken}` }, body: JSON.stringify({ slot: 0 }) })
+    expect(claim.status).toBe(200)
+    expect(await claim.json()).toEqual({ assignment: null })
+    expect((await fetch(`${s.url}/?token=${adminToken}`, { redirect: "manual" })).status).toBe(303)
+
+    // A request whose body is still arriving when the signal comes.
+    const body = JSON.stringify(Config.defaults)
+    const port = Number(new URL(s.url).port)
+    const inFlight = new Promise<{ status: number; text: string }>((resolve, reject) => {
+      const req = request(
+        { host: "127.0.0.1", port, method: "POST", path: "/v1/admin/config/preview", headers: { authorization: `Bearer ${adminToken}`, "content-length": Buffer.byteLength(body) } },
+        (res) => {
+          let text = ""
+          res.on("data", (c) => (text += c))
+          res.on("end", () => resolve({ status: res.statusCode ?? 0, text }))
+        }
+      )
+      req.on("error", reject)
+      req.write(body.slice(0, 40))
+      setTimeout(() => {
+        s.child.kill("SIGTERM")
+        setTimeout(() => req.end(body.slice(40)), 500)
+      }, 200)
+    })
+    const r = await inFlight
+    expect(r.status).toBe(200)
+    expect(JSON.parse(r.text).valid).toBe(true)
+    // The listener is closed: a new connection is refused.
+    await expect(fetch(`${s.url}/healthz`)).rejects.toThrow()
+    expect(await s.exited).toBe(0)
+    const log = s.output()
+    expect(log).toContain('"message":"server stopped"')
+    expect(log).toContain('"message":"http"')
+    expect(log).not.toContain(deviceToken)
+    expect(log).not.toContain(adminToken)
+    for (const line of log.split("\n").filter((l) => l.trim() !== "")) expect(() => JSON.parse(line), line).not.toThrow()
+  })
+})
