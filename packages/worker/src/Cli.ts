@@ -88,7 +88,8 @@ export const renderHistory = async (state: LocalState.LocalState, q: { readonly 
       out.push(`  #${String(e.seq).padStart(3)} ${new Date(e.at).toISOString()} ${kind} ${e.phase}  [${e.delivery}]${e.detail ? `  ${e.detail}` : ""}`)
     }
     const r = await state.result(a.reservationId)
-    if (r) out.push(`  result after #${r.afterSeq}: ${r.body.outcome}, ${r.body.findings.length} finding(s) [${r.delivery}]${r.error ? ` ${r.error}` : ""}`)
+    if (r?.kind === "result") out.push(`  result after #${r.afterSeq}: ${r.body.outcome}, ${r.body.findings.length} finding(s) [${r.delivery}]${r.error ? ` ${r.error}` : ""}`)
+    if (r?.kind === "release") out.push(`  release after #${r.afterSeq} [${r.delivery}]${r.error ? ` ${r.error}` : ""}`)
     out.push("")
   }
   return out.join("\n")

@@ -27,6 +27,8 @@ export interface Client {
   readonly progress: (reservationId: number, fence: number, events: ReadonlyArray<PhaseModel.Event>) => Promise<z.infer<typeof WorkerApi.ProgressResponse>>
   /** Uploads the result; returns the receipt (a resubmission returns the original one). */
   readonly result: (reservationId: number, body: z.infer<typeof WorkerApi.ResultRequest>) => Promise<z.infer<typeof WorkerApi.Receipt>>
+  /** Gives an active reservation back; the target returns to pending. */
+  readonly release: (reservationId: number, body: z.infer<typeof WorkerApi.ReleaseRequest>) => Promise<WorkerApi.AssignmentView>
   /** Reads one of the device's own assignments. */
   readonly get: (reservationId: number) => Promise<WorkerApi.AssignmentView>
 }
@@ -86,6 +88,7 @@ export const make = (opts: Options): Client => {
     claim: async (slot) => (await call("POST", "/v1/assignments/claim", { slot }, WorkerApi.ClaimResponse)).assignment,
     progress: (id, fence, events) => call("POST", `/v1/assignments/${id}/progress`, { fence, events }, WorkerApi.ProgressResponse),
     result: (id, body) => call("POST", `/v1/assignments/${id}/result`, body, WorkerApi.Receipt),
+    release: (id, body) => call("POST", `/v1/assignments/${id}/release`, body, WorkerApi.AssignmentView),
     get: (id) => call("GET", `/v1/assignments/${id}`, undefined, WorkerApi.AssignmentView)
   }
 }

@@ -1,7 +1,7 @@
 import { SqlClient } from "@effect/sql"
 import { SqliteClient } from "@effect/sql-sqlite-node"
 import { Assignment, PhaseModel, WorkerApi } from "@scanfleet/core"
-import { Effect, ManagedRuntime } from "effect"
+import { Data, Effect, ManagedRuntime } from "effect"
 import { z } from "zod"
 
 /**
@@ -69,15 +69,21 @@ export interface JournalEntry extends PhaseModel.Event {
   readonly error: string | null
 }
 
-/** A result waiting in the outbox, sent once every event up to `afterSeq` left the outbox. */
-export interface OutboxResult {
+/**
+ * The last word on a reservation, waiting in the outbox: a result, or a
+ * release (the device gives the target back). Sent once every event up to
+ * `afterSeq` left the outbox.
+ */
+export type OutboxResult = {
   readonly reservationId: number
   readonly afterSeq: number
-  readonly body: z.infer<typeof WorkerApi.ResultRequest>
   readonly delivery: Delivery
   readonly attempts: number
   readonly error: string | null
-}
+} & (
+  | { readonly kind: "result"; readonly body: z.infer<typeof WorkerApi.ResultRequest> }
+  | { readonly kind: "release"; readonly body: z.infer<typeof WorkerApi.ReleaseRequest> }
+)
 
 const EventRow = z.object({
   reservation_id: z.number(),
@@ -97,7 +103,8 @@ const ResultRow = z.object({
   body: z.string(),
   delivery: z.enum(deliveries),
   attempts: z.number(),
-  error: z.string().nullable()
+  error: z.string().nullable(),
+  kind: z.enum(["result", "release"])
 })
 
 // Forward-only; PRAGMA user_version records how far a file has come.
@@ -113,7 +120,8 @@ const migrations: ReadonlyArray<ReadonlyArray<string>> = [
     `CREATE TABLE results (
        reservation_id INTEGER PRIMARY KEY, after_seq INTEGER NOT NULL, body TEXT NOT NULL,
        delivery TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, error TEXT)`
-  ]
+  ],
+  [`ALTER TABLE results ADD COLUMN kind TEXT NOT NULL DEFAULT 'result'`]
 ]
 
 const toEntry = (r: z.infer<typeof EventRow>): JournalEntry => ({
@@ -128,13 +136,12 @@ const toEntry = (r: z.infer<typeof EventRow>): JournalEntry => ({
   error: r.error
 })
 
-/** Why an append was refused: the phase model said no. */
-export class JournalRefused extends Error {
-  readonly _tag = "JournalRefused"
-  constructor(readonly refusal: PhaseModel.Refusal) {
-    super(refusal.message)
-  }
-}
+/** An append the phase model refused; nothing was written. */
+export class JournalRefused extends Data.TaggedError("JournalRefused")<{
+  readonly reason: PhaseModel.Refusal["reason"]
+  readonly seq: number
+  readonly message: string
+}> {}
 
 /** The local state of a device: an open SQLite file. */
 export interface LocalState {
@@ -167,8 +174,13 @@ export interface LocalState {
   readonly pendingEvents: (reservationId: number, limit: number) => Promise<ReadonlyArray<JournalEntry>>
   /** Marks events delivered (or refused, or abandoned). */
   readonly markEvents: (reservationId: number, seqs: ReadonlyArray<number>, delivery: Delivery, at: number, error?: string) => Promise<void>
-  /** Queues a result after the events up to `afterSeq`. */
-  readonly putResult: (r: { readonly reservationId: number; readonly afterSeq: number; readonly body: OutboxResult["body"] }) => Promise<void>
+  /** Queues a result (or a release) after the events up to `afterSeq`. */
+  readonly putResult: (
+    r: { readonly reservationId: number; readonly afterSeq: number } & (
+      | { readonly kind?: "result"; readonly body: z.infer<typeof WorkerApi.ResultRequest> }
+      | { readonly kind: "release"; readonly body: z.infer<typeof WorkerApi.ReleaseRequest> }
+    )
+  ) => Promise<void>
   /** The queued result of a reservation. */
   readonly result: (reservationId: number) => Promise<OutboxResult | null>
   /** Records a result delivery attempt's outcome. */
@@ -247,7 +259,7 @@ export const open = async (file: string): Promise<LocalState> => {
               ...(e.detail !== undefined ? { detail: e.detail.slice(0, 1000) } : {})
             }
             const checked = PhaseModel.append({ events: journal, phase: journal.at(-1)?.phase ?? null, lastSeq: journal.at(-1)?.seq ?? 0 }, event)
-            if (checked._tag === "Left") return yield* Effect.fail(new JournalRefused(checked.left))
+            if (checked._tag === "Left") return yield* Effect.fail(new JournalRefused({ ...checked.left }))
             yield* sql`INSERT INTO events (reservation_id, seq, kind, phase, at, detail, delivery)
                        VALUES (${id}, ${event.seq}, ${event.kind}, ${event.phase}, ${event.at}, ${event.detail ?? null}, ${delivery})`
             yield* saveAssignment(sql, { ...a, phase: event.phase, lastSeq: event.seq })
@@ -282,23 +294,20 @@ export const open = async (file: string): Promise<LocalState> => {
       ),
     putResult: (r) =>
       run((sql) => {
-        const body = JSON.stringify(WorkerApi.ResultRequest.parse(r.body))
-        return Effect.asVoid(sql`INSERT INTO results (reservation_id, after_seq, body, delivery) VALUES (${r.reservationId}, ${r.afterSeq}, ${body}, 'pending')
+        const kind = r.kind ?? "result"
+        const body = JSON.stringify(r.kind === "release" ? WorkerApi.ReleaseRequest.parse(r.body) : WorkerApi.ResultRequest.parse(r.body))
+        return Effect.asVoid(sql`INSERT INTO results (reservation_id, after_seq, body, delivery, kind) VALUES (${r.reservationId}, ${r.afterSeq}, ${body}, 'pending', ${kind})
                                  ON CONFLICT (reservation_id) DO NOTHING`)
       }),
     result: (id) =>
       run((sql) =>
-        Effect.map(sql`SELECT * FROM results WHERE reservation_id = ${id}`, (rows) => {
+        Effect.map(sql`SELECT * FROM results WHERE reservation_id = ${id}`, (rows): OutboxResult | null => {
           if (rows.length === 0) return null
           const r = ResultRow.parse(rows[0])
-          return {
-            reservationId: r.reservation_id,
-            afterSeq: r.after_seq,
-            body: WorkerApi.ResultRequest.parse(JSON.parse(r.body)),
-            delivery: r.delivery,
-            attempts: r.attempts,
-            error: r.error
-          }
+          const common = { reservationId: r.reservation_id, afterSeq: r.after_seq, delivery: r.delivery, attempts: r.attempts, error: r.error }
+          return r.kind === "release"
+            ? { ...common, kind: "release" as const, body: WorkerApi.ReleaseRequest.parse(JSON.parse(r.body)) }
+            : { ...common, kind: "result" as const, body: WorkerApi.ResultRequest.parse(JSON.parse(r.body)) }
         })
       ),
     markResult: (id, delivery, error) =>

@@ -16,6 +16,7 @@ import type { LocalState } from "./LocalState.js"
 /** What became of a result. */
 export type Delivered =
   | { readonly kind: "accepted"; readonly receipt: z.infer<typeof WorkerApi.Receipt> }
+  | { readonly kind: "released" }
   | { readonly kind: "refused" | "abandoned"; readonly message: string }
 
 /** Outbox options. */
@@ -104,13 +105,20 @@ export const start = (opts: Options): Outbox => {
     if (r === null || r.delivery !== "pending") return true
     const journal = await opts.state.journal(id)
     if (journal.some((e) => e.seq <= r.afterSeq && e.delivery === "pending")) return true
-    if (Date.now() > a.deadlines.upload) {
-      const message = "the result-upload deadline passed before the result was delivered"
+    // A release is worth sending until the assignment expiry; a result only until the result-upload deadline.
+    if (Date.now() > (r.kind === "release" ? a.deadlines.expiry : a.deadlines.upload)) {
+      const message = r.kind === "release" ? "the assignment expiry passed before the release was delivered" : "the result-upload deadline passed before the result was delivered"
       await opts.state.markResult(id, "abandoned", message)
       await opts.onResult(id, { kind: "abandoned", message })
       return true
     }
     try {
+      if (r.kind === "release") {
+        await opts.client.release(id, r.body)
+        await opts.state.markResult(id, "acked")
+        await opts.onResult(id, { kind: "released" })
+        return true
+      }
       const receipt = await opts.client.result(id, r.body)
       await opts.state.markResult(id, "acked")
       await opts.onResult(id, { kind: "accepted", receipt })

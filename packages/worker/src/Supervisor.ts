@@ -147,14 +147,14 @@ export const start = async (opts: Options): Promise<Device> => {
     if (!terminal) {
       // The server closed the reservation with the result, so this last event stays local.
       if (d.kind === "accepted") await state.append(id, { kind: "phase", phase: "completed", at: Date.now(), detail: `receipt ${d.receipt.receiptId}` }, "local")
-      else await state.append(id, { kind: "phase", phase: "failed", at: Date.now(), detail: d.message }, "local")
+      else await state.append(id, { kind: "phase", phase: "failed", at: Date.now(), detail: d.kind === "released" ? "released" : d.message }, "local")
     }
     const after = await mustGet(id)
     await state.putAssignment({
       ...after,
       status: "done",
       receipt: d.kind === "accepted" ? d.receipt : after.receipt,
-      note: d.kind === "accepted" ? after.note : d.message
+      note: d.kind === "accepted" ? after.note : d.kind === "released" ? "released: the target went back to the queue" : d.message
     })
     emit({ type: "delivered", reservationId: id, delivered: d })
   }
@@ -186,6 +186,15 @@ export const start = async (opts: Options): Promise<Device> => {
     const a = await mustGet(id)
     await state.putResult({ reservationId: id, afterSeq: e.seq, body: resultBody(a.fence, outcome, finalPhase, [], log) })
     await state.putAssignment({ ...a, status: "delivering", outcome, finalPhase })
+    outbox.notify()
+  }
+
+  /** Ends an assignment the device gives up on while the fleet can still use it: a terminal event, then a release. */
+  const finishReleased = async (id: number, finalPhase: PhaseModel.Phase, detail: string) => {
+    const e = await append(id, "failed", detail.slice(0, 1000))
+    const a = await mustGet(id)
+    await state.putResult({ reservationId: id, afterSeq: e.seq, kind: "release", body: { fence: a.fence } })
+    await state.putAssignment({ ...a, status: "delivering", finalPhase })
     outbox.notify()
   }
 
@@ -283,7 +292,8 @@ export const start = async (opts: Options): Promise<Device> => {
         )
         break
       case "stopped":
-        await finishEarly(id, "failed", "scan_error", end.phase, `the device shut down during ${end.phase}; the runner's process group was killed`)
+        // Nothing is known about the target, so it goes back to the queue rather than failing.
+        await finishReleased(id, end.phase, `the device shut down during ${end.phase}; the runner's process group was killed and the reservation released`)
         break
       case "failed":
         await finishThroughUpload(id, "scan_error", end.phase, { findings: [], log: end.message })

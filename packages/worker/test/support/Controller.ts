@@ -14,9 +14,17 @@ let built: Promise<string> | null = null
 
 /** Builds the CLI bundle (once per process); resolves to its path. */
 export const bundle = (): Promise<string> =>
-  (built ??= build({
-    entry: { cli: fileURLToPath(new URL("../fixtures/cli-entry.ts", import.meta.url)) },
-    outDir,
+  (built ??= bundleEntry(fileURLToPath(new URL("../fixtures/cli-entry.ts", import.meta.url)), "cli", outDir).then(() => `${outDir}cli.js`))
+
+/**
+ * Bundles one TypeScript entry to `<outDir>/<name>.js`. `outDir` must sit one
+ * level under packages/worker, where the bundle finds `runtime/` as the built
+ * package does.
+ */
+export const bundleEntry = (entry: string, name: string, dir: string): Promise<void> =>
+  build({
+    entry: { [name]: entry },
+    outDir: dir,
     format: ["esm"],
     platform: "node",
     target: "node20",
@@ -31,7 +39,7 @@ export const bundle = (): Promise<string> =>
     esbuildOptions: (o) => {
       o.conditions = ["@scanfleet/source"]
     }
-  }).then(() => `${outDir}cli.js`))
+  })
 
 /** The bundle's path (call `bundle()` first, for example in `beforeAll`). */
 export const cliPath = `${outDir}cli.js`
