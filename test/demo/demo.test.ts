@@ -7,6 +7,8 @@ import { afterAll, describe, expect, it } from "vitest"
 
 // The demo as a newcomer runs it: `npm start` in a child process of its own
 // process group (as a terminal would), on an empty data folder, then Ctrl-C.
+// This is the command of README.md and docs/getting-started.md, and the admin
+// API calls shown in docs/operating.md are the ones made here.
 
 const root = resolve(__dirname, "../..")
 const chromiumPath = "/usr/bin/chromium"
@@ -134,6 +136,8 @@ describe("npm start: the demo fleet", () => {
         const { cycles } = await api<{ cycles: Array<Cycle> }>("/v1/admin/cycles?limit=500")
         const completed = (await api<{ assignments: Array<View> }>("/v1/admin/assignments?state=completed&limit=1000")).assignments
         const failed = (await api<{ assignments: Array<View> }>("/v1/admin/assignments?state=failed&limit=1000")).assignments
+        const expired = (await api<{ assignments: Array<View> }>("/v1/admin/assignments?state=expired&limit=100")).assignments
+        expect(Array.isArray(expired)).toBe(true)
         const updatedCycle = cycles.find((c) => c.queuedUpdatedCount > 0)
         const timedOut = failed.find((a) => a.outcome === "killed_at_deadline")
         const byTarget = new Map<string, Array<View>>()
