@@ -29,7 +29,9 @@ const fromLayer = (layer: Layer.Layer<Store.Store, unknown, never>): Handle => {
 // measured even while a build of scanfleet's adapters is missing.
 const adapters = async (): Promise<Record<string, any>> => {
   try {
-    return (await import("@scanfleet/adapters")) as Record<string, any>
+    // a specifier in a variable: typed as `any`, so this file typechecks with or without the adapters' declarations
+    const specifier: string = "@scanfleet/adapters"
+    return (await import(specifier)) as Record<string, any>
   } catch (e) {
     throw new Error(`@scanfleet/adapters could not be loaded (run \`npm run build\` at the root first): ${(e as Error).message}`)
   }

@@ -213,12 +213,14 @@ const graphile = (ctx: Ctx, s: Shape, localQueue: boolean): Contender => ({
               t0 = performance.now()
             }
             done++
-            if (done === s.jobs) resolveDone()
+            if (done === s.jobs || performance.now() - t0 > s.capSeconds * 1000) resolveDone()
           }
         }
       })
       try {
-        await Promise.race([finished, new Promise((r) => setTimeout(r, s.capSeconds * 1000 + 5000))])
+        let guard: NodeJS.Timeout | undefined
+        await Promise.race([finished, new Promise((_, reject) => (guard = setTimeout(() => reject(new Error("graphile-worker ran no jobs for 60 s")), (s.capSeconds + 60) * 1000)))])
+        clearTimeout(guard)
         const secs = since(t0)
         const measured = done
         // statements over the whole life of the runner, including its start, divided by the jobs it finished by then
@@ -276,7 +278,7 @@ export const one = async (ctx: Ctx): Promise<WorkloadResult> => {
     jobs: size(ctx, "claim.jobs", 3_000, 10_000),
     claimers: 8,
     batch: 1,
-    capSeconds: size(ctx, "claim.cap", 4, 12)
+    capSeconds: size(ctx, "claim.cap", 3, 12)
   }
   const missing = await Scanfleet.pgMissing()
   const list = [...(missing ? [] : [scanfleet(ctx, s), scanfleet(ctx, s, true)]), graphile(ctx, s, false), raw(ctx, s), pgBoss(ctx, s)]
@@ -295,11 +297,11 @@ export const one = async (ctx: Ctx): Promise<WorkloadResult> => {
 /** Workload 2: batched claims and coalesced completes. */
 export const batched = async (ctx: Ctx): Promise<WorkloadResult> => {
   const s: Shape = {
-    backlog: size(ctx, "batch.backlog", 30_000, 100_000),
+    backlog: size(ctx, "batch.backlog", 30_000, 60_000),
     jobs: size(ctx, "batch.jobs", 10_000, 50_000),
     claimers: 8,
     batch: 64,
-    capSeconds: size(ctx, "batch.cap", 4, 12)
+    capSeconds: size(ctx, "batch.cap", 3, 12)
   }
   const missing = await Scanfleet.pgMissing()
   const list = [

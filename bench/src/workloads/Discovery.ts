@@ -216,7 +216,7 @@ const pick = (systems: ReadonlyArray<SystemResult>, key: string, stmtsKey?: stri
 export const discovery = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
   const cfg = Scanfleet.config.sources.github
   const base: Shape = {
-    rows: size(ctx, "discovery.rows", 50_000, 200_000),
+    rows: size(ctx, "discovery.rows", 20_000, 200_000),
     batch: size(ctx, "discovery.batch", 10_000, 10_000),
     budget: cfg.promotionBudget,
     cooldownMs: cfg.cooldownSeconds * 1000,

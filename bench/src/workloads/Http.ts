@@ -151,7 +151,8 @@ const run = async (ctx: Ctx, devices: number, seconds: number, backlog: number):
 
 const serverMissing = async (): Promise<string | null> => {
   try {
-    const m = (await import("@scanfleet/server-example")) as Record<string, any>
+    const specifier: string = "@scanfleet/server-example"
+    const m = (await import(specifier)) as Record<string, any>
     return m.Cli?.main ? null : "this build of @scanfleet/server-example has no Cli.main"
   } catch (e) {
     return `@scanfleet/server-example could not be loaded (run \`npm run build\` at the root first): ${(e as Error).message.split("\n")[0]}`
@@ -161,7 +162,7 @@ const serverMissing = async (): Promise<string | null> => {
 /** Workload 8. */
 export const api = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
   const devices = 32
-  const seconds = size(ctx, "http.seconds", 8, 20)
+  const seconds = size(ctx, "http.seconds", 5, 20)
   const backlog = size(ctx, "http.backlog", 20_000, 50_000)
   const missing = (await Scanfleet.pgMissing()) ?? (await serverMissing())
   if (missing) throw new Error(missing)

@@ -193,7 +193,7 @@ const run = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Driver>, p
 
 /** Workload 5 as one table per combination of batch size and duplicate share. */
 export const ingest = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
-  const s: Shape = { streams: 8, events: size(ctx, "progress.events", 16_000, 80_000) }
+  const s: Shape = { streams: 8, events: size(ctx, "progress.events", 8_000, 80_000) }
   const missing = await Scanfleet.pgMissing()
   const contenders: Array<Contender> = [
     ...(missing ? [] : [{ name: "scanfleet PgStore", note: "Store.appendProgress per batch (phase model checked, fenced, idempotent)", run: () => run(ctx, s, (u) => scanfleetDriver(u, s.streams), "sf_prog") }]),

@@ -171,7 +171,7 @@ export const all = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
   const s: Shape = {
     backlog: size(ctx, "sqlite.backlog", 5_000, 20_000),
     jobs: size(ctx, "sqlite.jobs", 1_000, 5_000),
-    capSeconds: size(ctx, "sqlite.cap", 4, 10),
+    capSeconds: size(ctx, "sqlite.cap", 3, 10),
     rows: size(ctx, "sqlite.rows", 20_000, 100_000),
     batch: 10_000,
     events: size(ctx, "sqlite.events", 5_000, 20_000),
