@@ -40,12 +40,12 @@ describe("two server processes on one PostgreSQL", { timeout: 240_000 }, () => {
       )
     )
     const pick = () => servers[Math.floor(Math.random() * servers.length)].url
-    const call = async (token: string, path: string, body?: unknown) => {
+    const call = async (token: string, path: string, body?: unknown): Promise<{ status: number; body: any }> => {
       // Retries on server errors and dropped connections, as a device would.
       for (let attempt = 0; ; attempt++) {
         try {
           const res = await fetch(pick() + path, { method: body === undefined ? "GET" : "POST", headers: { authorization: `Bearer ${token}` }, body: body === undefined ? undefined : JSON.stringify(body) })
-          const json = await res.json()
+          const json = (await res.json()) as any
           if (res.status < 500 || attempt >= 5) return { status: res.status, body: json }
         } catch (e) {
           if (attempt >= 5) throw e
