@@ -311,24 +311,57 @@ export const start = async (opts: Options): Promise<Device> => {
   /** Finishes what a previous run of the controller left: one `recovered` event per open timeline. */
   const recover = async () => {
     for (const a of await state.assignments({ open: true })) {
+      const id = a.reservationId
       const killed = a.runner ? await ProcessTree.killStale(a.runner) : []
       if (a.tmpDir) await rm(a.tmpDir, { recursive: true, force: true })
+      await state.putAssignment({ ...(await mustGet(id)), runner: null, tmpDir: null })
+      emit({ type: "recovered", reservationId: id, phase: a.phase, killed })
+      const last = await state.result(id)
+      if (last !== null && last.delivery !== "pending") {
+        // The last word was settled before the crash; only its bookkeeping was lost.
+        if (last.delivery === "acked" && last.kind === "result") {
+          // A resubmission returns the original receipt, and onResult then runs as usual.
+          await state.markResult(id, "pending")
+          outbox.notify()
+        } else
+          await onResult(
+            id,
+            last.delivery === "acked" ? { kind: "released" } : { kind: last.delivery === "refused" ? "refused" : "abandoned", message: last.error ?? last.delivery }
+          )
+        continue
+      }
       // A crash between persisting the claim and its first event: the timeline starts now.
-      if (a.phase === null) await append(a.reservationId, "assigned", `${a.view.target.source}:${a.view.target.identity}`.slice(0, 1000))
-      const phaseNow = (await mustGet(a.reservationId)).phase
-      const terminal = phaseNow !== null && PhaseModel.isTerminal(phaseNow)
-      if (phaseNow !== null && !terminal) {
+      if (a.phase === null) await append(id, "assigned", `${a.view.target.source}:${a.view.target.identity}`.slice(0, 1000))
+      const phaseNow = (await mustGet(id)).phase!
+      const terminal = PhaseModel.isTerminal(phaseNow)
+      if (!terminal)
         await append(
-          a.reservationId,
+          id,
           phaseNow,
           `the controller restarted during ${phaseNow}` + (a.runner ? `; ${killed.length} surviving process(es) of group ${a.runner.pgid} killed` : ""),
           "recovered"
         )
+      if (last !== null) {
+        // A queued result or release: the outbox resumes it.
+        await state.putAssignment({ ...(await mustGet(id)), status: "delivering" })
+        continue
       }
-      const cur = await mustGet(a.reservationId)
-      await state.putAssignment({ ...cur, runner: null, tmpDir: null })
-      emit({ type: "recovered", reservationId: a.reservationId, phase: a.phase, killed })
-      if (a.status !== "running" || terminal) continue
+      if (terminal) {
+        // The terminal event was journaled, its result was not: queue it after that event.
+        const journal = await state.journal(id)
+        const end = journal.at(-1)!
+        const before = journal.filter((e) => e.kind === "phase" && !PhaseModel.isTerminal(e.phase)).at(-1)?.phase ?? "assigned"
+        const cur = await mustGet(id)
+        if (end.phase === "failed" && end.detail?.startsWith("the device shut down"))
+          await state.putResult({ reservationId: id, afterSeq: end.seq, kind: "release", body: { fence: cur.fence } })
+        else {
+          const outcome = end.phase === "timed_out" ? "killed_at_deadline" : "scan_error"
+          await state.putResult({ reservationId: id, afterSeq: end.seq, body: resultBody(cur.fence, outcome, before, [], end.detail ?? "") })
+        }
+        await state.putAssignment({ ...(await mustGet(id)), status: "delivering", finalPhase: before })
+        outbox.notify()
+        continue
+      }
       // A scan stage that staged its result before the crash resumes at the upload stage.
       let staged: Scanner.Staged | null = null
       if (a.stageFile && existsSync(a.stageFile)) {
@@ -338,14 +371,16 @@ export const start = async (opts: Options): Promise<Device> => {
           staged = null
         }
       }
-      const phase = phaseNow ?? "assigned"
       if (staged !== null) {
         const outcome = Scanner.classify(spec, staged)
-        await finishThroughUpload(a.reservationId, outcome === "killed_at_deadline" ? "scan_error" : outcome, "staging", staged)
-      } else if (Date.now() >= a.deadlines.scan) {
-        await finishEarly(a.reservationId, "timed_out", "killed_at_deadline", phase, `the target-scan deadline passed while the controller was down; the scan stage ended during ${phase}`)
+        await finishThroughUpload(id, outcome === "killed_at_deadline" ? "scan_error" : outcome, "staging", staged)
+      } else if (PhaseModel.isScanStage(phaseNow) || phaseNow === "assigned") {
+        if (Date.now() >= a.deadlines.scan)
+          await finishEarly(id, "timed_out", "killed_at_deadline", phaseNow, `the target-scan deadline passed while the controller was down; the scan stage ended during ${phaseNow}`)
+        else await finishEarly(id, "failed", "scan_error", phaseNow, `the controller restarted during ${phaseNow}; the execution unit was lost`)
       } else {
-        await finishEarly(a.reservationId, "failed", "scan_error", phase, `the controller restarted during ${phase}; the execution unit was lost`)
+        // The upload stage began but neither the staged file nor the queued result survived.
+        await finishEarly(id, "failed", "scan_error", phaseNow, `the controller restarted during ${phaseNow}; the staged result was lost`)
       }
     }
     for (const s of await state.slots()) if (s.reservationId !== null) await state.putSlot({ ...s, reservationId: null, updatedAt: Date.now() })
