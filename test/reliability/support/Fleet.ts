@@ -15,11 +15,11 @@ export const addDevice = async (url: string, name: string, slots = 2): Promise<{
   return { id: r.body.device.id, token: r.body.token }
 }
 
-/** Applies a managed configuration with the given github scan/upload timeouts, global TTL and handoff margin (seconds). */
+/** Applies a managed configuration with the given github scan/upload timeouts, global TTL and handoff margin (seconds); the other sources keep long TTLs under overrides. */
 export const applyConfig = async (url: string, p: { readonly scan: number; readonly upload: number; readonly ttl: number; readonly margin?: number; readonly maxAttempts?: number }) => {
   const doc: Config.ManagedConfig = {
     ...Config.defaults,
-    assignments: { ...Config.defaults.assignments, globalTtlSeconds: p.ttl, handoffMarginSeconds: p.margin ?? 1, overrides: {} },
+    assignments: { ...Config.defaults.assignments, globalTtlSeconds: p.ttl, handoffMarginSeconds: p.margin ?? 1, overrides: { gitlab: { ttlSeconds: 7200 }, huggingface: { ttlSeconds: 7200 }, dockerhub: { ttlSeconds: 7200 } } },
     expiry: { ...Config.defaults.expiry, ...(p.maxAttempts !== undefined ? { maxAttempts: p.maxAttempts } : {}) },
     sources: { ...Config.defaults.sources, github: { ...Config.defaults.sources.github, scanTimeoutSeconds: p.scan, uploadTimeoutSeconds: p.upload } }
   }
