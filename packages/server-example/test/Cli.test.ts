@@ -8,6 +8,8 @@ import { prepare, runCli, serve, type ServerProcess } from "./fixtures/ServerPro
 
 const adminToken = "cli-admin-token-0123456789abcdef"
 
+// The commands docs/server.md shows (migrate, device add, config preview/apply, serve), run for real.
+
 describe("scanfleet-server CLI (real child processes, SQLite file)", { timeout: 180_000 }, () => {
   beforeAll(prepare)
   const db = sqliteFile()
