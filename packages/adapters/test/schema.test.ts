@@ -7,11 +7,14 @@ import { SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
 import { SqliteClient } from "@effect/sql-sqlite-node"
 import { describe, expect, it } from "@effect/vitest"
+import { Migrator as SqlMigrator } from "@effect/sql"
 import { Effect, Layer, Redacted } from "effect"
 import { inject } from "vitest"
 import * as Migrator from "../src/Migrator.js"
 import * as PgStore from "../src/PgStore.js"
 import * as SqliteStore from "../src/SqliteStore.js"
+import pgQueue from "../src/migrations/pg/0001_queue.js"
+import sqliteQueue from "../src/migrations/sqlite/0001_queue.js"
 import { schema, urlFor } from "./support/PgSchema.js"
 import * as SchemaDump from "./support/SchemaDump.js"
 
@@ -62,6 +65,22 @@ describe("schema", () => {
         matchesCommitted("sqlite", yield* SchemaDump.sqlite)
       })
     ))
+
+  // A database left at the oldest schema version, holding data, is upgraded in place by opening a store.
+  const upgrade = (first: Effect.Effect<void, unknown, SqlClient.SqlClient>, make: typeof PgStore.make) =>
+    Effect.gen(function* () {
+      const ran = yield* SqlMigrator.make({})({ loader: SqlMigrator.fromRecord({ "0001_queue": first }), table: Migrator.table })
+      expect(ran).toEqual([[1, "queue"]])
+      const sql = yield* SqlClient.SqlClient
+      yield* sql`INSERT INTO targets (source, identity, status, observed_remote_at, discovered_at) VALUES ('github', 'old/one', 'pending', 5, 1)`
+      const store = yield* make
+      expect(yield* store.getTarget("github", "old/one")).toMatchObject({ status: "pending", observedRemoteAt: 5, fence: 0 })
+      const cycle = yield* store.recordCycle({ source: "github", startedAt: 1, endedAt: 2, pages: 1, results: 1, malformed: 0, queuedNewCount: 0, queuedUpdatedCount: 0, deferredCount: 0, stopReason: "end_of_listing", error: null })
+      expect(yield* store.listCycles({ limit: 5 })).toEqual([cycle])
+    })
+
+  it.live("postgres: a database at the oldest schema version is upgraded with its data", () => withPg(upgrade(pgQueue, PgStore.make)))
+  it.live("sqlite: a database at the oldest schema version is upgraded with its data", () => withSqlite(upgrade(sqliteQueue, SqliteStore.make)))
 
   it.live("a store opened on an already migrated database migrates nothing and works", () =>
     withSqlite(

@@ -1,8 +1,10 @@
 import { Effect } from "effect"
-import { Config, Store } from "@scanfleet/core"
+import { Config, type Errors, Store } from "@scanfleet/core"
+
+type Refusal = Errors.StoreError | Errors.ClaimRejected | Errors.ReservationRefused | Errors.ProgressRejected
 
 /** The program the adapter pages show: discover, claim, report progress, complete. */
-export const program = Effect.gen(function* () {
+export const program: Effect.Effect<string, Refusal, Store.Store> = Effect.gen(function* () {
   const store = yield* Store.Store
   const now = Date.now()
   // discovery records what it saw; new identities become pending targets
