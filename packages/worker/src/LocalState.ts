@@ -1,7 +1,7 @@
 import { SqlClient } from "@effect/sql"
 import { SqliteClient } from "@effect/sql-sqlite-node"
 import { Assignment, PhaseModel, WorkerApi } from "@scanfleet/core"
-import { Data, Effect, ManagedRuntime } from "effect"
+import { Cause, Data, Effect, Exit, ManagedRuntime } from "effect"
 import { z } from "zod"
 
 /**
@@ -197,8 +197,12 @@ export interface LocalState {
  */
 export const open = async (file: string): Promise<LocalState> => {
   const rt = ManagedRuntime.make(SqliteClient.layer({ filename: file }))
-  const run = <A>(f: (sql: SqlClient.SqlClient) => Effect.Effect<A, unknown>): Promise<A> =>
-    rt.runPromise(Effect.flatMap(SqlClient.SqlClient, f))
+  // Failures surface as themselves (a JournalRefused, a zod error), not wrapped in a fiber failure.
+  const run = async <A>(f: (sql: SqlClient.SqlClient) => Effect.Effect<A, unknown>): Promise<A> => {
+    const exit = await rt.runPromiseExit(Effect.flatMap(SqlClient.SqlClient, f))
+    if (Exit.isSuccess(exit)) return exit.value
+    throw Cause.squash(exit.cause)
+  }
 
   await run((sql) =>
     Effect.gen(function* () {

@@ -399,7 +399,11 @@ export const start = async (opts: Options): Promise<Device> => {
           backoff = Math.min(Math.max(backoff * 2, 200), 5000)
           emit({ type: "retry", reservationId: 0, message: `claim for slot ${slot}: ${(e as Error).message}` })
           await sleep(backoff)
-        } else await sleep(pollMs)
+        } else {
+          // A slot whose last reservation still awaits its result is busy at the server for a moment; anything else needs an operator.
+          if (!/slot_busy|capacity/.test(e.error)) emit({ type: "error", message: `claim for slot ${slot} refused: ${e.status} ${e.error}: ${e.message}` })
+          await sleep(pollMs)
+        }
         continue
       }
       if (view === null) {

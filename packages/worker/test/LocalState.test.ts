@@ -1,0 +1,121 @@
+import { PhaseModel } from "@scanfleet/core"
+import { LocalState } from "@scanfleet/worker"
+import { FastCheck as fc } from "effect"
+import { execFileSync } from "node:child_process"
+import { mkdtempSync, rmSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { afterAll, describe, expect, it } from "vitest"
+
+const dir = mkdtempSync(join(tmpdir(), "scanfleet-localstate-"))
+afterAll(() => rmSync(dir, { recursive: true, force: true }))
+
+const view = (reservationId: number) => ({
+  reservationId,
+  fence: 1,
+  deviceId: 1,
+  slot: 0,
+  target: { id: 1, source: "github" as const, identity: "acme/app", coveredRemoteAt: null },
+  issuedAt: 0,
+  deadlines: {
+    targetScan: { label: "target-scan deadline", at: 1000, iso: new Date(1000).toISOString() },
+    resultUpload: { label: "result-upload deadline", at: 2000, iso: new Date(2000).toISOString() },
+    assignmentExpiry: { label: "assignment expiry", at: 3000, iso: new Date(3000).toISOString() }
+  },
+  nextDeadline: null,
+  policy: { source: "github" as const, origin: "global" as const, ttlSeconds: 3, scanTimeoutSeconds: 1, uploadTimeoutSeconds: 1, handoffMarginSeconds: 1 },
+  state: "active" as const,
+  lastPhase: null,
+  lastSeq: 0,
+  lastProgressAt: null,
+  outcome: null,
+  finalPhase: null,
+  endedAt: null,
+  expiry: null,
+  serverNow: 0
+})
+
+const record = (reservationId: number): LocalState.AssignmentRecord => ({
+  reservationId,
+  slot: 0,
+  fence: 1,
+  view: view(reservationId),
+  clockOffsetMs: 0,
+  deadlines: { scan: 1000, upload: 2000, expiry: 3000 },
+  status: "running",
+  phase: null,
+  lastSeq: 0,
+  runner: null,
+  tmpDir: null,
+  stageFile: null,
+  outcome: null,
+  finalPhase: null,
+  receipt: null,
+  note: null
+})
+
+let files = 0
+describe("the local phase journal", () => {
+  it("sequence numbers stay 1, 2, 3, ... across any interleaving of appends and restarts", async () => {
+    // Each step: advance to a later phase (by a skip of 1..3), record a recovery, or reopen the file (a restart).
+    const steps = fc.array(fc.oneof(fc.constant<"recover">("recover"), fc.constant<"restart">("restart"), fc.integer({ min: 1, max: 3 })), { minLength: 1, maxLength: 25 })
+    await fc.assert(fc.asyncProperty(steps, async (steps) => {
+      const file = join(dir, `prop-${++files}.db`)
+      let s = await LocalState.open(file)
+      try {
+        await s.putAssignment(record(1))
+        await s.append(1, { kind: "phase", phase: "assigned", at: 1 })
+        let rank = 0
+        const order = PhaseModel.phases.filter((p) => !PhaseModel.isTerminal(p))
+        for (const step of steps) {
+          if (step === "restart") {
+            await s.close()
+            s = await LocalState.open(file)
+          } else if (step === "recover") await s.append(1, { kind: "recovered", phase: order[rank], at: 2 })
+          else if (rank + step < order.length) {
+            rank += step
+            await s.append(1, { kind: "phase", phase: order[rank], at: 3 })
+          }
+        }
+        const journal = await s.journal(1)
+        expect(journal.map((e) => e.seq)).toEqual(journal.map((_, i) => i + 1))
+        expect((await s.assignment(1))?.lastSeq).toBe(journal.length)
+      } finally {
+        await s.close()
+      }
+    }), { numRuns: 15 })
+  })
+
+  it("an illegal transition is refused and nothing is written", async () => {
+    const s = await LocalState.open(join(dir, "illegal.db"))
+    try {
+      await s.putAssignment(record(7))
+      await s.append(7, { kind: "phase", phase: "assigned", at: 1 })
+      await s.append(7, { kind: "phase", phase: "scanning", at: 2 })
+      await expect(s.append(7, { kind: "phase", phase: "preparing", at: 3 })).rejects.toMatchObject({ _tag: "JournalRefused", reason: "illegal_transition" })
+      await s.append(7, { kind: "phase", phase: "timed_out", at: 4 })
+      await expect(s.append(7, { kind: "recovered", phase: "timed_out", at: 5 })).rejects.toMatchObject({ reason: "terminal" })
+      expect((await s.journal(7)).map((e) => e.phase)).toEqual(["assigned", "scanning", "timed_out"])
+    } finally {
+      await s.close()
+    }
+  })
+
+  it("persisted state is parsed on load: a damaged row is an error, not a guess", async () => {
+    const file = join(dir, "damaged.db")
+    const s = await LocalState.open(file)
+    await s.putAssignment(record(9))
+    await s.close()
+    // Damage the row behind the worker's back, as a disk or a hand edit might.
+    execFileSync(process.execPath, [
+      "-e",
+      `const D = require("better-sqlite3"); const db = new D(${JSON.stringify(file)}); db.prepare("UPDATE assignments SET doc = json_set(doc, '$.lastSeq', -5)").run(); db.close()`
+    ], { cwd: join(__dirname, "..", "..", "..") })
+    const again = await LocalState.open(file)
+    try {
+      await expect(again.assignment(9)).rejects.toThrow(/lastSeq/)
+    } finally {
+      await again.close()
+    }
+  })
+})
