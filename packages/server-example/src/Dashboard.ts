@@ -128,11 +128,14 @@ const targetsTable = (rows: ReadonlyArray<Store.TargetCount>) =>
 ${rows.map((r) => `<tr><td>${esc(r.source)}</td><td>${esc(r.status)}</td><td class="num" data-testid="targets-${r.source}-${r.status}">${r.count}</td></tr>`).join("\n")}
 </tbody></table>`
 
-const unauthorizedPage = (message: string, status: number) =>
+const errorPage = (message: string, status: number) =>
   HttpServerResponse.html(
     page(
-      "scanfleet: sign in",
-      `<h1>scanfleet dashboard</h1><p data-testid="auth-error">${esc(message)}</p><p>Open <code>/?token=&lt;admin token&gt;</code> once; the token is then kept in an HTTP-only cookie and removed from the address.</p>`
+      "scanfleet dashboard",
+      `<h1>scanfleet dashboard</h1><p data-testid="${status === 401 || status === 403 ? "auth-error" : "error"}">${esc(message)}</p>` +
+        (status === 401 || status === 403
+          ? `<p>Open <code>/?token=&lt;admin token&gt;</code> once; the token is then kept in an HTTP-only cookie and removed from the address.</p>`
+          : `<p><a href="/">Back to the dashboard</a></p>`)
     )
   ).pipe(HttpServerResponse.setStatus(status))
 
@@ -146,7 +149,7 @@ const dashboard = Effect.gen(function* () {
   const given = url.searchParams.get("token")
   if (given !== null) {
     const settings = yield* Settings
-    if (!Tokens.equal(given, settings.adminToken)) return unauthorizedPage("The admin token is wrong.", 401)
+    if (!Tokens.equal(given, settings.adminToken)) return errorPage("The admin token is wrong.", 401)
     url.searchParams.delete("token")
     return HttpServerResponse.empty({ status: 303 }).pipe(
       HttpServerResponse.setHeader("location", `/${url.search}`),
@@ -154,7 +157,7 @@ const dashboard = Effect.gen(function* () {
     )
   }
   const authed = yield* Auth.admin({ cookie: true }).pipe(Effect.either)
-  if (authed._tag === "Left") return unauthorizedPage(authed.left.message, authed.left.status)
+  if (authed._tag === "Left") return errorPage(authed.left.message, authed.left.status)
   const q = yield* Request.query(WorkerApi.PercentileQuery)
   const store = yield* Store.Store
   const now = yield* Clock.currentTimeMillis
@@ -181,7 +184,7 @@ ${percentileTable(pct)}
   return HttpServerResponse.html(page("scanfleet dashboard", body))
 }).pipe(
   Effect.catchTag("ApiError", (e: ApiError) =>
-    Effect.succeed(unauthorizedPage(e.message, e.status).pipe(HttpServerResponse.setStatus(e.status)))
+    Effect.succeed(errorPage(e.message, e.status))
   )
 )
 

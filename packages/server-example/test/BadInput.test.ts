@@ -1,0 +1,76 @@
+import { Effect } from "effect"
+import fc from "fast-check"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { adminToken, call, start, type Running } from "./fixtures/Harness.js"
+
+// Bodies a careless or hostile client might send: any JSON, near-miss shapes, deep nesting, unicode, raw junk.
+const nearMiss = fc.record(
+  {
+    slot: fc.oneof(fc.integer(), fc.double(), fc.string(), fc.constant(null)),
+    fence: fc.oneof(fc.integer(), fc.string()),
+    events: fc.array(
+      fc.record({ seq: fc.oneof(fc.integer(), fc.string()), kind: fc.string(), phase: fc.constantFrom("assigned", "scanning", "warp", ""), at: fc.oneof(fc.integer(), fc.double()) }, { requiredKeys: [] }),
+      { maxLength: 3 }
+    ),
+    outcome: fc.string(),
+    findings: fc.anything({ maxDepth: 2 }),
+    [fc.string({ minLength: 1, maxLength: 5 }) as unknown as string]: fc.anything()
+  },
+  { requiredKeys: [] }
+)
+const deep = fc.integer({ min: 50, max: 2000 }).map((n) => "[".repeat(n) + "]".repeat(n))
+const raw = fc.oneof(
+  fc.jsonValue({ maxDepth: 4 }).map((v) => JSON.stringify(v)),
+  nearMiss.map((v) => JSON.stringify(v)),
+  fc.string({ unit: "grapheme", maxLength: 200 }),
+  deep,
+  fc.constantFrom("", "{", "null", "[]", '{"slot":1e309}', '{"__proto__":{"slot":0}}', '{"slot":0,"slot":"x"}')
+)
+const paths = fc.constantFrom(
+  "/v1/assignments/claim",
+  "/v1/assignments/1/progress",
+  "/v1/assignments/1/result",
+  "/v1/assignments/1/release",
+  "/v1/admin/config/preview",
+  "/v1/admin/config/apply"
+)
+
+describe("generated bad input", () => {
+  let s: Running
+  let token = ""
+  beforeAll(async () => {
+    s = await start()
+    token = (await s.addDevice("fuzz", 2)).token
+    // One live reservation, so the progress, result and release paths reach their validation.
+    await s.run(Effect.suspend(() => s.store.recordObservations([{ source: "github", identity: "a/b", remoteAt: null }], Date.now())))
+    const c = await s.device(token, "POST", "/v1/assignments/claim", { slot: 0 })
+    expect(c.body.assignment.reservationId).toBe(1)
+  })
+  afterAll(() => s.close())
+
+  const snapshot = async () => {
+    const st = s.store
+    return s.run(
+      Effect.all([st.countTargets(), st.listAssignments({ limit: 100 }), st.timeline(1), st.activeConfig(), st.listCycles({ limit: 10 })]).pipe(Effect.orDie)
+    )
+  }
+
+  it("no generated body gets a 5xx; every refusal is a 4xx JSON error with issues or a reason; nothing changes", async () => {
+    const before = await snapshot()
+    await fc.assert(
+      fc.asyncProperty(paths, raw, fc.boolean(), async (path, body, asAdmin) => {
+        const r = await call(`${s.url}${path}`, asAdmin ? adminToken : token, "POST", undefined, body)
+        // A generated body can happen to be a valid claim of the free slot: with nothing pending it changes nothing.
+        if (r.status === 200 && path === "/v1/assignments/claim" && !asAdmin) return expect(r.body).toEqual({ assignment: null })
+        expect(r.status, `${path} ${body.slice(0, 200)}`).toBeGreaterThanOrEqual(400)
+        expect(r.status, `${path} ${body.slice(0, 200)}`).toBeLessThan(500)
+        expect(typeof r.body.error).toBe("string")
+        expect(typeof r.body.message).toBe("string")
+        if (r.status === 400 || r.status === 422) expect(Array.isArray(r.body.issues)).toBe(true)
+        expect(JSON.stringify(r.body)).not.toContain(token)
+      }),
+      { numRuns: 300 }
+    )
+    expect(await snapshot()).toEqual(before)
+  })
+})
