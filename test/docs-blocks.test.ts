@@ -1,6 +1,7 @@
-import { execFileSync } from "node:child_process"
+import { execFile } from "node:child_process"
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { join, relative, resolve } from "node:path"
+import { promisify } from "node:util"
 import pg from "pg"
 import { afterAll, beforeAll, describe, expect, inject, it } from "vitest"
 
@@ -150,21 +151,25 @@ afterAll(async () => {
   }
 })
 
-const execute = (file: string, cwd: string) => {
+// Asynchronous, so a long example never blocks the test worker past vitest's RPC heartbeat.
+const execFileAsync = promisify(execFile)
+const execute = async (file: string, cwd: string) => {
   const isSh = file.endsWith(".sh")
   const cmd = isSh ? "bash" : process.execPath
   const args = isSh ? ["-euo", "pipefail", file] : ["--conditions=@scanfleet/source", "--import", "tsx", file]
   try {
-    return execFileSync(cmd, args, {
-      cwd,
-      encoding: "utf8",
-      stdio: ["ignore", "pipe", "pipe"],
-      timeout: 120_000,
-      env: { ...process.env, DATABASE_URL: pgUrl, PATH: `${join(root, "node_modules", ".bin")}:${process.env.PATH}` }
-    })
+    return (
+      await execFileAsync(cmd, args, {
+        cwd,
+        encoding: "utf8",
+        timeout: 120_000,
+        maxBuffer: 16 * 1024 * 1024,
+        env: { ...process.env, DATABASE_URL: pgUrl, PATH: `${join(root, "node_modules", ".bin")}:${process.env.PATH}` }
+      })
+    ).stdout
   } catch (e) {
-    const err = e as { status?: number; signal?: string; stdout?: string; stderr?: string }
-    throw new Error(`${relative(root, file)} failed (${err.signal ?? `exit ${err.status}`}):\n${(err.stdout ?? "").slice(-2000)}\n${(err.stderr ?? "").slice(-3000)}`)
+    const err = e as { code?: number; signal?: string; stdout?: string; stderr?: string }
+    throw new Error(`${relative(root, file)} failed (${err.signal ?? `exit ${err.code}`}):\n${(err.stdout ?? "").slice(-2000)}\n${(err.stderr ?? "").slice(-3000)}`)
   }
 }
 
@@ -199,8 +204,8 @@ describe("every code block in the docs runs as written or is a tested example", 
     .sort()
   for (const file of included) {
     if (runnable(file))
-      it(`${file} (included in the docs) runs`, () => {
-        execute(join(root, file), root)
+      it(`${file} (included in the docs) runs`, async () => {
+        await execute(join(root, file), root)
       }, 150_000)
     else
       it(`${file} (included in the docs) is checked by a test`, () => {
@@ -211,12 +216,12 @@ describe("every code block in the docs runs as written or is a tested example", 
 
   const runs = all.flatMap((p) => p.blocks.filter((b) => b.marker?.kind === "run" && (tsLangs.has(b.lang) || shLangs.has(b.lang))))
   for (const b of runs)
-    it(`${b.page}:${b.line} (\`\`\`${b.lang}) runs as written`, () => {
+    it(`${b.page}:${b.line} (\`\`\`${b.lang}) runs as written`, async () => {
       const dir = mkdtempSync(join(sandboxRoot, "docs-sandbox-"))
       try {
         const file = join(dir, shLangs.has(b.lang) ? "block.sh" : b.lang.startsWith("j") || b.lang === "mjs" ? "block.mjs" : "block.ts")
         writeFileSync(file, b.code)
-        execute(file, dir)
+        await execute(file, dir)
       } finally {
         rmSync(dir, { recursive: true, force: true })
       }
