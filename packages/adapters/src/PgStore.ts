@@ -5,7 +5,7 @@ import * as Pg from "pg"
 import { Errors, Store } from "@scanfleet/core"
 import * as Migrate from "./internal/Migrate.js"
 import * as SqlStore from "./internal/SqlStore.js"
-import { toStoreError } from "./internal/SqlErrors.js"
+import { storeLayer, toStoreError } from "./internal/SqlErrors.js"
 
 const INT8 = 20
 
@@ -44,13 +44,13 @@ export const layerFromClient: Layer.Layer<Store.Store, Errors.StoreError, SqlCli
  * const StoreLive = PgStore.layer({ url: Redacted.make(process.env.DATABASE_URL!), maxConnections: 20 })
  */
 export const layer = (config: PgClient.PgClientConfig): Layer.Layer<Store.Store, Errors.StoreError> =>
-  Layer.provide(layerFromClient, clientLayer(config))
+  storeLayer(Layer.provide(layerFromClient, clientLayer(config)))
 
 /** The Store with connection settings read from Config (for example `Config.redacted("DATABASE_URL")`). */
 export const layerConfig = (config: Config.Config.Wrap<PgClient.PgClientConfig>): Layer.Layer<Store.Store, Errors.StoreError> =>
-  Layer.provide(
+  storeLayer(Layer.provide(
     layerFromClient,
     Layer.mapError(PgClient.layerConfig({ ...config, types: Config.succeed(types) } as Config.Config.Wrap<PgClient.PgClientConfig>), (e) =>
       e._tag === "SqlError" ? toStoreError(e) : new Errors.StoreError({ reason: "unavailable", message: `Postgres settings: ${String(e)}`, cause: e })
     )
-  )
+  ))

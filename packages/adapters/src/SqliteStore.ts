@@ -4,6 +4,7 @@ import { type Config, Effect, Layer } from "effect"
 import { Errors, Store } from "@scanfleet/core"
 import * as Migrate from "./internal/Migrate.js"
 import * as SqlStore from "./internal/SqlStore.js"
+import { storeLayer } from "./internal/SqlErrors.js"
 
 /** Brings the schema up to date (forward-only, idempotent). */
 export const migrate: Effect.Effect<void, Errors.StoreError, SqlClient.SqlClient> = Migrate.run("sqlite")
@@ -28,8 +29,8 @@ const settingsError = (e: unknown) => new Errors.StoreError({ reason: "unavailab
  * const StoreLive = SqliteStore.layer({ filename: "./scanfleet.db" })
  */
 export const layer = (config: SqliteClient.SqliteClientConfig): Layer.Layer<Store.Store, Errors.StoreError> =>
-  Layer.provide(layerFromClient, Layer.mapError(SqliteClient.layer(config), settingsError))
+  storeLayer(Layer.provide(layerFromClient, Layer.mapError(SqliteClient.layer(config), settingsError)))
 
 /** The Store with its settings read from Config (for example `{ filename: Config.string("SCANFLEET_DB") }`). */
 export const layerConfig = (config: Config.Config.Wrap<SqliteClient.SqliteClientConfig>): Layer.Layer<Store.Store, Errors.StoreError> =>
-  Layer.provide(layerFromClient, Layer.mapError(SqliteClient.layerConfig(config), settingsError))
+  storeLayer(Layer.provide(layerFromClient, Layer.mapError(SqliteClient.layerConfig(config), settingsError)))

@@ -1,5 +1,5 @@
 import type { SqlError } from "@effect/sql"
-import { Effect } from "effect"
+import { Cause, Effect, Layer, Option } from "effect"
 import { Errors } from "@scanfleet/core"
 
 const codeOf = (cause: unknown): string => {
@@ -34,3 +34,18 @@ export const mapped = <A, E, R>(self: Effect.Effect<A, E | SqlError.SqlError, R>
 
 /** A stored value that cannot be decoded. */
 export const corrupt = (message: string, cause?: unknown) => new Errors.StoreError({ reason: "corrupt", message, cause })
+
+/**
+ * A store layer whose construction fails only with StoreError: drivers throw
+ * while opening (a missing directory, a refused connection), which would
+ * otherwise surface as a defect.
+ */
+export const storeLayer = <A, R>(layer: Layer.Layer<A, Errors.StoreError, R>): Layer.Layer<A, Errors.StoreError, R> =>
+  Layer.catchAllCause(layer, (cause) =>
+    Layer.fail(
+      Option.getOrElse(Cause.failureOption(cause), () => {
+        const squashed = Cause.squash(cause)
+        return new Errors.StoreError({ reason: "unavailable", message: `opening the store failed: ${squashed instanceof Error ? squashed.message : String(squashed)}`, cause: squashed })
+      })
+    )
+  )
