@@ -35,7 +35,7 @@ const page = (title: string, body: string) => `<!doctype html>
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5rem;color:#222}
 h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:2rem}
 table{border-collapse:collapse;margin:.5rem 0}th,td{border:1px solid #ccc;padding:.25rem .5rem;text-align:left;vertical-align:top}
-th{background:#f3f3f3}.num{text-align:right}.insufficient{color:#a35a00;font-style:italic}.next{font-weight:bold}
+th{background:#f3f3f3}td[data-testid$="-at"],td[data-testid*="deadline"],td[data-testid*="expiry"],td[data-testid*="progress"]{white-space:nowrap}.num{text-align:right}.insufficient{color:#a35a00;font-style:italic}.next{font-weight:bold}
 .muted{color:#777}dl.summary{display:grid;grid-template-columns:repeat(6,auto);gap:.25rem 1rem;width:max-content}dl.summary dt{color:#555}dl.summary dd{margin:0;font-weight:bold}
 </style></head><body>${body}</body></html>`
 

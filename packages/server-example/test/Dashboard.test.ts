@@ -3,6 +3,8 @@ import { Effect } from "effect"
 import { existsSync } from "node:fs"
 import { chromium, type Browser } from "playwright-core"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import * as Database from "../src/Database.js"
+import { sqliteFile } from "./fixtures/Databases.js"
 import { adminToken, start, type Running } from "./fixtures/Harness.js"
 
 const chromiumPath = "/usr/bin/chromium"
@@ -17,13 +19,14 @@ if (!haveChromium)
 
 const ev = (seq: number, phase: string, at: number) => ({ seq, kind: "phase", phase, at })
 
-describe.skipIf(!haveChromium)("dashboard in headless Chromium", () => {
+describe.skipIf(!haveChromium)("dashboard in headless Chromium (SQLite file)", () => {
+  const db = sqliteFile()
   let s: Running
   let browser: Browser
   const reservations: Array<number> = []
   let expiredId = 0
   beforeAll(async () => {
-    s = await start({ sweepIntervalMs: 50 })
+    s = await start({ sweepIntervalMs: 50, storeLayer: Database.layer(db.url) })
     browser = await chromium.launch({
       executablePath: chromiumPath,
       args: ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -80,6 +83,7 @@ describe.skipIf(!haveChromium)("dashboard in headless Chromium", () => {
   afterAll(async () => {
     await browser?.close()
     await s?.close()
+    db.cleanup()
   })
 
   it("without the admin token the dashboard answers 401 and shows no data", async () => {
@@ -165,6 +169,7 @@ describe.skipIf(!haveChromium)("dashboard in headless Chromium", () => {
       ["expired", sum.assignments.expired]
     ])
       expect(await page.getByTestId(`summary-${t}`).textContent(), t).toBe(String(v))
+    if (process.env.SCANFLEET_DASHBOARD_SCREENSHOT) await page.screenshot({ path: process.env.SCANFLEET_DASHBOARD_SCREENSHOT, fullPage: true })
     await ctx.close()
   })
 })
