@@ -128,7 +128,7 @@ export const run = (opts: Options): Promise<End> =>
     const kill = (kind: "deadline" | "stopped") =>
       finish(async () => {
         const at = phase
-        const r = await ProcessTree.terminate(pgid, { graceMs: opts.graceMs, sigterm: opts.job.scanner.stop === "SIGTERM" })
+        const r = await ProcessTree.terminateTree(pgid, { graceMs: opts.graceMs, sigterm: opts.job.scanner.stop === "SIGTERM" })
         return { kind, phase: at, signals: r.signals, survivors: r.survivors, scannerStarted }
       })
 
@@ -136,7 +136,7 @@ export const run = (opts: Options): Promise<End> =>
       finish(async () => {
         // The unit is done; whatever it left behind in its group goes too.
         await Promise.race([exit, new Promise((r) => setTimeout(r, 500))])
-        await ProcessTree.terminate(pgid, { graceMs: 0, sigterm: false })
+        await ProcessTree.terminateTree(pgid, { graceMs: 0, sigterm: false })
         await chain
         if (staged) {
           try {

@@ -117,6 +117,39 @@ export const terminate = async (
 }
 
 /**
+ * Ends a runner's process group and every descendant that left it (a scanner
+ * that called setsid, say): the tree is snapshotted before any signal, since
+ * a killed parent hands its children to init, and a snapshotted process is
+ * killed only if it is still the same process (same start time).
+ */
+export const terminateTree = async (
+  leader: number,
+  opts: { readonly graceMs: number; readonly sigterm: boolean }
+): Promise<{ readonly signals: ReadonlyArray<NodeJS.Signals>; readonly survivors: ReadonlyArray<number> }> => {
+  const snapshot = descendants(leader)
+    .map((pid) => stat(pid))
+    .filter((p): p is ProcStat => p !== null && p.pgid !== leader)
+  const r = await terminate(leader, opts)
+  for (const p of snapshot) {
+    const now = stat(p.pid)
+    if (now && now.startTime === p.startTime && now.state !== "Z") {
+      try {
+        process.kill(p.pid, "SIGKILL")
+      } catch {
+        // gone meanwhile
+      }
+    }
+  }
+  const until = Date.now() + 500
+  const alive = () => snapshot.filter((p) => {
+    const now = stat(p.pid)
+    return now !== null && now.startTime === p.startTime && now.state !== "Z"
+  })
+  while (alive().length > 0 && Date.now() < until) await new Promise((res) => setTimeout(res, 10))
+  return { signals: r.signals, survivors: [...r.survivors, ...alive().map((p) => p.pid)] }
+}
+
+/**
  * Kills what is left of a runner group from a previous run of the controller,
  * unless its leader's pid now belongs to another process (a recycled pid).
  */

@@ -111,7 +111,7 @@ describe("worker device against the scanfleet server", () => {
   })
 
   it("Scanner child exceeds the deadline", async () => {
-    const scanner = Scanner.command({ name: "stubborn", command: process.execPath, args: [fixture("stubborn-scanner.mjs"), join(dir, "{identity}.pids")], exitCodes: { "0": "clean" } })
+    const scanner = Scanner.command({ name: "stubborn", command: process.execPath, args: [fixture("stubborn-scanner.mjs"), join(dir, "{identity}.pids"), "escape"], exitCodes: { "0": "clean" } })
     const t = await setup({ scanner, scanSeconds: 3, targets: ["stubborn-1"], graceMs: 300 })
     const freed = await t.freed()
     expect(freed.end).toBe("deadline")

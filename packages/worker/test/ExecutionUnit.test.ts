@@ -48,7 +48,7 @@ const command = (file: string, stop: "SIGTERM" | "SIGKILL" = "SIGTERM") =>
 describe("the scan-stage watchdog", () => {
   it("kills a scanner tree that ignores SIGTERM and holds stdout open: nothing survives, settled within grace + 1 s", async () => {
     const pidFile = join(dir, "stubborn.pids")
-    const u = supervise(command("stubborn"), { deadlineMs: 2000, graceMs: 300, args: [fixture("stubborn-scanner.mjs"), pidFile] })
+    const u = supervise(command("stubborn"), { deadlineMs: 2000, graceMs: 300, args: [fixture("stubborn-scanner.mjs"), pidFile, "escape"] })
     const end = await u.end
     expect(end.kind).toBe("deadline")
     if (end.kind !== "deadline") return
@@ -57,8 +57,8 @@ describe("the scan-stage watchdog", () => {
     expect(end.survivors).toEqual([])
     expect(end.settledAt - u.deadline).toBeLessThan(300 + 1000)
     const tree = readFileSync(pidFile, "utf8").trim().split("\n").map(Number)
-    expect(tree).toHaveLength(3)
-    // The runner, the scanner and both grandchildren: none is alive (zombies awaiting a reaper are dead).
+    expect(tree).toHaveLength(4)
+    // The runner, the scanner and its grandchildren, even the one that left the group: none is alive (zombies awaiting a reaper are dead).
     for (const pid of [u.runner().pid, ...tree]) {
       const s = ProcessTree.stat(pid)
       expect(s === null || s.state === "Z", `pid ${pid} survived`).toBe(true)
