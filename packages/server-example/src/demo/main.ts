@@ -67,6 +67,8 @@ const logStream = createWriteStream(logFile, { flags: "a" })
 const toLog = (...args: Array<unknown>) => void logStream.write(`${format(...args)}\n`)
 for (const m of ["log", "info", "warn", "error", "debug"] as const) console[m] = toLog
 
+// A terminal that went away must not crash the shutdown that follows.
+process.stdout.on("error", () => {})
 const out = Summary.printer(process.stdout)
 const shown = (p: string) => {
   const r = relative(process.cwd(), p)
@@ -146,3 +148,5 @@ const shutdown = (signal: NodeJS.Signals) => {
 }
 process.on("SIGINT", shutdown)
 process.on("SIGTERM", shutdown)
+// A closed terminal stops the fleet just as cleanly: no scanner is left running without its controller.
+process.on("SIGHUP", shutdown)
