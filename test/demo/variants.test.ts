@@ -79,6 +79,37 @@ describe("the demo, pointed elsewhere", () => {
     }
   }, 120_000)
 
+  it("a second start reuses the data folder: the same devices and tokens, no second configuration version, and the work goes on", async () => {
+    const dir = dataDir()
+    const completedBy = async (demo: Demo.Running, atLeast: number) =>
+      until(`${atLeast} completed assignments`, 60_000, async () => {
+        const { assignments } = await api<{ assignments: Array<{ deviceId: number }> }>(demo, "/v1/admin/assignments?state=completed&limit=1000")
+        return assignments.length >= atLeast ? assignments : null
+      })
+    const first = await Demo.start({ dataDir: dir, port: 0, log: () => {} })
+    let before: Array<{ deviceId: number }>
+    try {
+      expect(first.run).toBe(1)
+      before = await completedBy(first, 1)
+    } finally {
+      await first.stop()
+    }
+    const second = await Demo.start({ dataDir: dir, port: 0, log: () => {} })
+    try {
+      expect(second.run).toBe(2)
+      expect(second.adminToken).toBe(first.adminToken)
+      const config = await api<{ version: number | null }>(second, "/v1/admin/config")
+      expect(config.version).toBe(1)
+      // Every assignment, old and new, was claimed by one of the two devices of the first run.
+      const after = await completedBy(second, before.length + 1)
+      const devices = new Set(after.map((a) => a.deviceId))
+      expect(devices.size).toBeLessThanOrEqual(2)
+      for (const d of devices) expect([...new Set(before.map((a) => a.deviceId)), 1, 2]).toContain(d)
+    } finally {
+      await second.stop()
+    }
+  }, 180_000)
+
   it("with the sources file of docs/examples/public-sources.json and tokens from the environment, every listed source is discovered", async () => {
     const settings = Demo.PublicSourcesSchema.parse(JSON.parse(readFileSync(join(root, "docs/examples/public-sources.json"), "utf8")))
     const fakes = await FakeSources.start()
