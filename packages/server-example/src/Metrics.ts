@@ -57,6 +57,20 @@ export const make = (store: Store.StoreShape): Effect.Effect<{ readonly service:
         }
       }
     })
+    new Gauge({
+      name: "scanfleet_discovery_queued_targets",
+      help: "Targets queued by the last 1000 recorded discovery cycles of any instance, per source and kind (new admissions, updated promotions).",
+      labelNames: ["source", "kind"] as const,
+      registers: [registry],
+      async collect() {
+        const cycles = await run(store.listCycles({ limit: 1000 }).pipe(Effect.orElseSucceed(() => [])))
+        this.reset()
+        for (const c of cycles) {
+          this.inc({ source: c.source, kind: "new" }, c.queuedNewCount)
+          this.inc({ source: c.source, kind: "updated" }, c.queuedUpdatedCount)
+        }
+      }
+    })
     const admissions = new Counter({ name: "scanfleet_new_admissions_total", help: "New targets admitted as pending, per source.", labelNames: ["source"] as const, registers: [registry] })
     const promotions = new Counter({ name: "scanfleet_promotions_total", help: "Completed targets promoted back to pending because they changed, per source.", labelNames: ["source"] as const, registers: [registry] })
     const expiries = new Counter({ name: "scanfleet_expiries_total", help: "Reservations expired by the sweeper, per source.", labelNames: ["source"] as const, registers: [registry] })
