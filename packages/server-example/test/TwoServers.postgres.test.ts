@@ -1,5 +1,6 @@
 import { Store } from "@scanfleet/core"
 import { Effect, ManagedRuntime } from "effect"
+import pg from "pg"
 import { afterAll, beforeAll, describe, expect, inject, it } from "vitest"
 import * as Database from "../src/Database.js"
 import { pgDatabase } from "./fixtures/Databases.js"
@@ -24,7 +25,7 @@ describe("two server processes on one PostgreSQL", { timeout: 240_000 }, () => {
     rt = ManagedRuntime.make(Database.layer(db.url, { poolSize: 2 }))
   })
   afterAll(async () => {
-    for (const s of servers) await s.stop()
+    for (const s of servers) await s.stop("SIGKILL")
     await rt?.dispose()
     await db?.cleanup()
   })
@@ -120,5 +121,24 @@ describe("two server processes on one PostgreSQL", { timeout: 240_000 }, () => {
     const summaries = await Promise.all(servers.map(async (s) => (await (await fetch(`${s.url}/v1/admin/summary`, { headers: { authorization: `Bearer ${adminToken}` } })).json()) as any))
     expect(summaries[0].assignments.completed).toBe(TARGETS)
     expect(summaries[1].assignments.completed).toBe(TARGETS)
+  })
+
+  it("SIGTERM: each instance exits 0 and closes its connection pool", async () => {
+    const codes = await Promise.all(servers.map((s) => s.stop("SIGTERM")))
+    expect(codes).toEqual([0, 0])
+    for (const s of servers) expect(s.output()).toContain('"message":"server stopped"')
+    await rt.dispose()
+    const c = new pg.Client({ connectionString: inject("pgUrl") })
+    await c.connect()
+    try {
+      let n = -1
+      for (let i = 0; i < 50 && n !== 0; i++) {
+        n = Number((await c.query("SELECT count(*) AS n FROM pg_stat_activity WHERE datname = $1", [new URL(db.url).pathname.slice(1)])).rows[0].n)
+        if (n !== 0) await new Promise((r) => setTimeout(r, 100))
+      }
+      expect(n).toBe(0)
+    } finally {
+      await c.end()
+    }
   })
 })
