@@ -207,6 +207,10 @@ export const open = async (file: string): Promise<LocalState> => {
   await run((sql) =>
     Effect.gen(function* () {
       yield* sql.unsafe("PRAGMA busy_timeout = 5000")
+      // In WAL mode NORMAL survives a crash of the process (kill -9) without an
+      // fsync per commit; only a power cut can lose the newest commits, and the
+      // server's assignment expiry already covers a device that vanishes.
+      yield* sql.unsafe("PRAGMA synchronous = NORMAL")
       const [{ user_version }] = (yield* sql.unsafe("PRAGMA user_version")) as unknown as Array<{ user_version: number }>
       for (let v = user_version; v < migrations.length; v++) {
         yield* sql.withTransaction(

@@ -53,13 +53,15 @@ export const startTime = (pid: number): string | null => stat(pid)?.startTime ??
 
 /** Live (non-zombie) members of a process group. */
 export const members = (pgid: number): ReadonlyArray<number> => {
-  if (hasProc) return all().filter((p) => p.pgid === pgid && p.state !== "Z" && p.state !== "X").map((p) => p.pid)
+  // The cheap question first: a group with no member at all answers ESRCH. Only
+  // when something is there is /proc read, to tell the living from zombies.
   try {
     process.kill(-pgid, 0)
-    return [pgid]
-  } catch {
-    return []
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === "ESRCH") return []
   }
+  if (hasProc) return all().filter((p) => p.pgid === pgid && p.state !== "Z" && p.state !== "X").map((p) => p.pid)
+  return [pgid]
 }
 
 /** Every live descendant of a process (children, grandchildren, ...). */

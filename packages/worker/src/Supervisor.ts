@@ -159,14 +159,18 @@ export const start = async (opts: Options): Promise<Device> => {
     emit({ type: "delivered", reservationId: id, delivered: d })
   }
 
-  const outbox = Outbox.start({
-    state,
-    client,
-    ...(opts.minBackoffMs !== undefined ? { minBackoffMs: opts.minBackoffMs } : {}),
-    ...(opts.maxBackoffMs !== undefined ? { maxBackoffMs: opts.maxBackoffMs } : {}),
-    onResult,
-    onRetry: (reservationId, message) => emit({ type: "retry", reservationId, message })
-  })
+  // Started once recovery has settled every record, so the two never write the same row at once.
+  let sender: Outbox.Outbox | null = null
+  const outbox = { notify: () => sender?.notify() }
+  const startOutbox = () =>
+    (sender = Outbox.start({
+      state,
+      client,
+      ...(opts.minBackoffMs !== undefined ? { minBackoffMs: opts.minBackoffMs } : {}),
+      ...(opts.maxBackoffMs !== undefined ? { maxBackoffMs: opts.maxBackoffMs } : {}),
+      onResult,
+      onRetry: (reservationId, message) => emit({ type: "retry", reservationId, message })
+    }))
 
   const append = async (id: number, phase: PhaseModel.Phase, detail?: string, kind: "phase" | "recovered" = "phase") => {
     const e = await state.append(id, { kind, phase, at: Date.now(), ...(detail !== undefined ? { detail } : {}) })
@@ -184,8 +188,9 @@ export const start = async (opts: Options): Promise<Device> => {
   ) => {
     const e = await append(id, terminal, log.slice(0, 1000))
     const a = await mustGet(id)
-    await state.putResult({ reservationId: id, afterSeq: e.seq, body: resultBody(a.fence, outcome, finalPhase, [], log) })
+    // The record first: once the result is queued, the outbox may finish the assignment at any moment.
     await state.putAssignment({ ...a, status: "delivering", outcome, finalPhase })
+    await state.putResult({ reservationId: id, afterSeq: e.seq, body: resultBody(a.fence, outcome, finalPhase, [], log) })
     outbox.notify()
   }
 
@@ -193,8 +198,8 @@ export const start = async (opts: Options): Promise<Device> => {
   const finishReleased = async (id: number, finalPhase: PhaseModel.Phase, detail: string) => {
     const e = await append(id, "failed", detail.slice(0, 1000))
     const a = await mustGet(id)
-    await state.putResult({ reservationId: id, afterSeq: e.seq, kind: "release", body: { fence: a.fence } })
     await state.putAssignment({ ...a, status: "delivering", finalPhase })
+    await state.putResult({ reservationId: id, afterSeq: e.seq, kind: "release", body: { fence: a.fence } })
     outbox.notify()
   }
 
@@ -207,8 +212,8 @@ export const start = async (opts: Options): Promise<Device> => {
     if (a.phase !== "uploading" && a.phase !== "awaiting_receipt") await append(id, "uploading")
     const cur = await mustGet(id)
     const waiting = cur.phase === "awaiting_receipt" ? cur.lastSeq : (await append(id, "awaiting_receipt")).seq
-    await state.putResult({ reservationId: id, afterSeq: waiting, body })
     await state.putAssignment({ ...(await mustGet(id)), status: "delivering", outcome, finalPhase })
+    await state.putResult({ reservationId: id, afterSeq: waiting, body })
     if (a.stageFile) await rm(a.stageFile, { force: true })
     outbox.notify()
   }
@@ -275,9 +280,13 @@ export const start = async (opts: Options): Promise<Device> => {
         outbox.notify()
       }
     })
-    // The unit and its group are gone: release what it held locally.
+    // The unit and its group are gone and its permit is back: release its
+    // files and free the slot. The result is produced next, before the slot
+    // claims again; a crash in between leaves an open assignment that recovery finishes.
     await rm(workDir, { recursive: true, force: true })
     await state.putAssignment({ ...(await mustGet(id)), runner: null, tmpDir: null })
+    await state.putSlot({ slot, reservationId: null, updatedAt: Date.now() })
+    emit({ type: "slot_freed", slot, reservationId: id, at: Date.now(), end: end.kind, scanDeadline: deadlines.scan })
     switch (end.kind) {
       case "deadline":
         await finishEarly(
@@ -304,8 +313,6 @@ export const start = async (opts: Options): Promise<Device> => {
         break
       }
     }
-    await state.putSlot({ slot, reservationId: null, updatedAt: Date.now() })
-    emit({ type: "slot_freed", slot, reservationId: id, at: Date.now(), end: end.kind, scanDeadline: deadlines.scan })
   }
 
   /** Finishes what a previous run of the controller left: one `recovered` event per open timeline. */
@@ -352,13 +359,13 @@ export const start = async (opts: Options): Promise<Device> => {
         const end = journal.at(-1)!
         const before = journal.filter((e) => e.kind === "phase" && !PhaseModel.isTerminal(e.phase)).at(-1)?.phase ?? "assigned"
         const cur = await mustGet(id)
+        await state.putAssignment({ ...cur, status: "delivering", finalPhase: before })
         if (end.phase === "failed" && end.detail?.startsWith("the device shut down"))
           await state.putResult({ reservationId: id, afterSeq: end.seq, kind: "release", body: { fence: cur.fence } })
         else {
           const outcome = end.phase === "timed_out" ? "killed_at_deadline" : "scan_error"
           await state.putResult({ reservationId: id, afterSeq: end.seq, body: resultBody(cur.fence, outcome, before, [], end.detail ?? "") })
         }
-        await state.putAssignment({ ...(await mustGet(id)), status: "delivering", finalPhase: before })
         outbox.notify()
         continue
       }
@@ -420,6 +427,7 @@ export const start = async (opts: Options): Promise<Device> => {
   }
 
   await recover()
+  startOutbox()
   for (let slot = 0; slot < opts.slots; slot++) {
     const known = (await state.slots()).find((s) => s.slot === slot)
     if (!known) await state.putSlot({ slot, reservationId: null, updatedAt: Date.now() })
@@ -435,8 +443,8 @@ export const start = async (opts: Options): Promise<Device> => {
         stopUnits.abort()
         for (const w of wakeSleepers) w()
         await Promise.all(loops)
-        await outbox.drain(opts.drainMs ?? 3000)
-        await outbox.stop()
+        await sender?.drain(opts.drainMs ?? 3000)
+        await sender?.stop()
         await state.close()
       })())
   }

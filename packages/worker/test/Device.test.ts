@@ -177,8 +177,10 @@ describe("worker device against the scanfleet server", () => {
     await t.freed()
     const local = await LocalState.open(t.state)
     cleanups.push(() => local.close())
-    const offline = await local.journal(id)
-    expect(offline.at(-1)?.phase).toBe("awaiting_receipt")
+    const offline = await until("the upload stage", async () => {
+      const j = await local.journal(id)
+      return j.at(-1)?.phase === "awaiting_receipt" ? j : null
+    })
     const pending = offline.filter((e) => e.delivery === "pending")
     expect(pending.length).toBeGreaterThan(3)
     const before = await t.fleet.timeline(id)
