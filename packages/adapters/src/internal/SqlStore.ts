@@ -199,7 +199,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
           if (due.length === 0) return []
           const ids = due.map((a) => a.reservationId)
           yield* sql`
-            UPDATE targets SET status = CASE WHEN attempts < ${req.maxAttempts} THEN 'pending' ELSE 'failed' END, fence = fence + 1
+            UPDATE targets SET status = CASE WHEN attempts < CAST(${req.maxAttempts} AS DOUBLE PRECISION) THEN 'pending' ELSE 'failed' END, fence = fence + 1
             WHERE status = 'in_progress' AND (id, fence) IN (SELECT target_id, fence FROM assignments WHERE reservation_id IN ${sql.in(ids)})`
           yield* sql`
             UPDATE assignments SET state = 'expired', ended_at = ${req.now}, expired_at = ${req.now},

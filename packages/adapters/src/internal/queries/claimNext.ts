@@ -23,7 +23,7 @@ export const claimNext = (
     if (req.sourceCap !== undefined && req.sourceCap <= 0) filters.push(sql`1 = 0`)
     else if (req.sourceCap !== undefined)
       filters.push(sql`c.source NOT IN (
-        SELECT a.source FROM assignments a WHERE a.state = 'active' GROUP BY a.source HAVING count(*) >= ${req.sourceCap})`)
+        SELECT a.source FROM assignments a WHERE a.state = 'active' GROUP BY a.source HAVING count(*) >= CAST(${req.sourceCap} AS DOUBLE PRECISION))`)
     const rows = yield* sql<Record<string, unknown>>`
       UPDATE targets SET
         status = 'in_progress',
