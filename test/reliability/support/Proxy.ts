@@ -15,6 +15,8 @@ export interface Proxy {
   readonly dropAfterCommit: (match: (method: string, path: string) => boolean, count: number) => void
   /** Every request seen: method, path, upstream status (null when the answer was dropped or never came). */
   readonly log: Array<{ method: string; path: string; status: number | null; dropped: boolean }>
+  /** Rewrites answers on their way back (for example to shift the clock a device sees). */
+  rewrite: ((method: string, path: string, body: string) => string) | null
   /** Points the proxy at another upstream (a second server instance). */
   readonly retarget: (url: string) => void
   readonly close: () => Promise<void>
@@ -53,8 +55,10 @@ export const start = async (target: string): Promise<Proxy> => {
                   req.socket.destroy()
                   return
                 }
-                res.writeHead(ures.statusCode ?? 502, ures.headers)
-                res.end(Buffer.concat(body))
+                const raw = Buffer.concat(body)
+                const out = self.rewrite ? Buffer.from(self.rewrite(method, path, raw.toString("utf8"))) : raw
+                res.writeHead(ures.statusCode ?? 502, { ...ures.headers, "content-length": String(out.length) })
+                res.end(out)
               })
             }
           )
@@ -73,6 +77,20 @@ export const start = async (target: string): Promise<Proxy> => {
     })
 
   server = await listen()
+  const self: Proxy = {
+    url: `http://127.0.0.1:${port}`,
+    down: () => down(),
+    up: async () => {
+      if (!server) server = await listen()
+    },
+    dropAfterCommit: (match, count) => void drops.push({ match, left: count }),
+    log,
+    rewrite: null,
+    retarget: (url) => {
+      upstream = new URL(url)
+    },
+    close: () => down()
+  }
   const down = async () => {
     if (!server) return
     const s = server
@@ -81,17 +99,5 @@ export const start = async (target: string): Promise<Proxy> => {
     sockets.clear()
     await new Promise<void>((r) => s.close(() => r()))
   }
-  return {
-    url: `http://127.0.0.1:${port}`,
-    down,
-    up: async () => {
-      if (!server) server = await listen()
-    },
-    dropAfterCommit: (match, count) => void drops.push({ match, left: count }),
-    log,
-    retarget: (url) => {
-      upstream = new URL(url)
-    },
-    close: down
-  }
+  return self
 }
