@@ -211,7 +211,6 @@ export const start = async (opts: Options): Promise<Running> => {
     runs: (prior?.runs ?? 0) + 1,
     devices: prior?.devices ?? []
   }
-  saveState(stateFile, state)
   const run = state.runs
   const log = (event: string, fields: Record<string, unknown> = {}) => opts.log(JSON.stringify({ at: new Date().toISOString(), event, ...fields }))
   const sources = opts.sources ?? { kind: "fake" as const }
@@ -246,6 +245,8 @@ export const start = async (opts: Options): Promise<Running> => {
     cleanups.push(() => rt.dispose())
     const info = await rt.runPromise(Server.Info)
     const store = await rt.runPromise(Store.Store)
+    // Counted as a run (and the admin token kept) only once the server listens: a start that failed leaves nothing behind.
+    saveState(stateFile, state)
     log("server_listening", { url: info.url, database: Database.redact(config.databaseUrl), run })
 
     // Apply the demo's configuration only when it is not already in force: a second run adds no version.
