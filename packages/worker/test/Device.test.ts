@@ -138,7 +138,7 @@ describe("worker device against the scanfleet server", () => {
 
   it("Cleanup blocks after scanner exit", async () => {
     const scanner = Scanner.runnerModule({ name: "blocking", module: fixture("blocking-runner.mjs"), options: { block: "cleanup" } })
-    const t = await setup({ scanner, scanSeconds: 3, targets: ["blocks-1", "blocks-2"] })
+    const t = await setup({ scanner, scanSeconds: 4, targets: ["blocks-1", "blocks-2"] })
     const freed = await t.freed()
     expect(freed.end).toBe("deadline")
     expect(freed.at - freed.scanDeadline).toBeLessThan(300 + 1000)
@@ -154,7 +154,7 @@ describe("worker device against the scanfleet server", () => {
 
   it("Permit acquisition consumes the budget", async () => {
     const scanner = Scanner.command({ name: "marker", command: process.execPath, args: [fixture("marker-scanner.mjs"), join(dir, "{identity}.marker")], exitCodes: { "0": "clean" } })
-    const t = await setup({ scanner, scanSeconds: 2, targets: ["no-permit"], permits: 0 })
+    const t = await setup({ scanner, scanSeconds: 3, targets: ["no-permit"], permits: 0 })
     const freed = await t.freed()
     expect(freed.end).toBe("deadline")
     await t.delivered(freed.reservationId)
@@ -201,7 +201,7 @@ describe("worker device against the scanfleet server", () => {
   })
 
   it("Operator inspects active work", async () => {
-    const t = await setup({ scanner: Scanner.demo({ delayMs: 5000 }), scanSeconds: 3, targets: ["acme/busy"] })
+    const t = await setup({ scanner: Scanner.demo({ delayMs: 5000 }), scanSeconds: 10, targets: ["acme/busy"] })
     await until("scanning", async () => (await t.device.state.assignments({ open: true })).some((a) => a.phase === "scanning"))
     const text = await Cli.renderStatus(t.device.state, Date.now())
     expect(text).toContain("slot 0: reservation")

@@ -48,7 +48,7 @@ const command = (file: string, stop: "SIGTERM" | "SIGKILL" = "SIGTERM") =>
 describe("the scan-stage watchdog", () => {
   it("kills a scanner tree that ignores SIGTERM and holds stdout open: nothing survives, settled within grace + 1 s", async () => {
     const pidFile = join(dir, "stubborn.pids")
-    const u = supervise(command("stubborn"), { deadlineMs: 2000, graceMs: 300, args: [fixture("stubborn-scanner.mjs"), pidFile, "escape"] })
+    const u = supervise(command("stubborn"), { deadlineMs: 2500, graceMs: 300, args: [fixture("stubborn-scanner.mjs"), pidFile, "escape"] })
     const end = await u.end
     expect(end.kind).toBe("deadline")
     if (end.kind !== "deadline") return
@@ -69,7 +69,7 @@ describe("the scan-stage watchdog", () => {
 
   it("goes straight to SIGKILL for a scanner that restarts on SIGTERM (the trufflehog rule)", async () => {
     const pidFile = join(dir, "restart.pids")
-    const u = supervise(command("restart", "SIGKILL"), { deadlineMs: 1500, args: [fixture("restart-on-term.mjs"), pidFile] })
+    const u = supervise(command("restart", "SIGKILL"), { deadlineMs: 2500, args: [fixture("restart-on-term.mjs"), pidFile] })
     const end = await u.end
     expect(end.kind).toBe("deadline")
     if (end.kind !== "deadline") return
@@ -81,7 +81,7 @@ describe("the scan-stage watchdog", () => {
 
   it("a blocking cleanup after the scanner exited is ended by the same deadline", async () => {
     const done = join(dir, "cleanup.done")
-    const u = supervise(Scanner.runnerModule({ name: "blocking", module: fixture("blocking-runner.mjs"), options: { block: "cleanup", scannerDone: done } }), { deadlineMs: 2000 })
+    const u = supervise(Scanner.runnerModule({ name: "blocking", module: fixture("blocking-runner.mjs"), options: { block: "cleanup", scannerDone: done } }), { deadlineMs: 3000 })
     const end = await u.end
     expect(existsSync(done)).toBe(true)
     expect(end.kind).toBe("deadline")
@@ -90,7 +90,7 @@ describe("the scan-stage watchdog", () => {
   })
 
   it("a blocking staging is ended by the same deadline", async () => {
-    const u = supervise(Scanner.runnerModule({ name: "blocking", module: fixture("blocking-runner.mjs"), options: { block: "staging" } }), { deadlineMs: 2000 })
+    const u = supervise(Scanner.runnerModule({ name: "blocking", module: fixture("blocking-runner.mjs"), options: { block: "staging" } }), { deadlineMs: 3000 })
     const end = await u.end
     expect(end.kind).toBe("deadline")
     expect(end.phase).toBe("staging")
@@ -98,7 +98,7 @@ describe("the scan-stage watchdog", () => {
 
   it("a permit never granted ends in permit_wait and the scanner never starts", async () => {
     const marker = join(dir, "permit.marker")
-    const u = supervise(command("marker"), { deadlineMs: 1500, permits: 0, args: [fixture("marker-scanner.mjs"), marker] })
+    const u = supervise(command("marker"), { deadlineMs: 2500, permits: 0, args: [fixture("marker-scanner.mjs"), marker] })
     const end = await u.end
     expect(end.kind).toBe("deadline")
     if (end.kind !== "deadline") return

@@ -57,7 +57,8 @@ const controller = (fleet: Fleet.Fleet, state: string, scanner = "demo:slow") =>
 
 describe("crash recovery and shutdown of the worker process", () => {
   it("Process restarts during an assignment", async () => {
-    const fleet = await Fleet.start({ scanSeconds: 6 })
+    // A target-scan deadline far enough away that the restart happens before it, even on a loaded machine.
+    const fleet = await Fleet.start({ scanSeconds: 20 })
     cleanups.push(() => fleet.close())
     await fleet.seed(["acme/slow-repo"])
     const state = join(dir, `restart-${++n}.db`)
@@ -104,7 +105,7 @@ describe("crash recovery and shutdown of the worker process", () => {
   })
 
   it("a restart after the target-scan deadline passed uploads a timeout result naming the phase", async () => {
-    const fleet = await Fleet.start({ scanSeconds: 2 })
+    const fleet = await Fleet.start({ scanSeconds: 4 })
     cleanups.push(() => fleet.close())
     await fleet.seed(["acme/slow-late"])
     const state = join(dir, `late-${++n}.db`)
