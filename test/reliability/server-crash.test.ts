@@ -219,12 +219,15 @@ describe("server processes die and the database drops connections; nothing is lo
     s.child.kill("SIGKILL")
     await s.exited
     const answers = await Promise.all(writes)
-    const acknowledged = answers.filter((a) => a?.status === 201).map((a) => a!.body.device.id as number)
+    const acked = answers.filter((a) => a?.status === 201).map((a) => a!.body as { device: { id: number }; token: string })
+    const acknowledged = acked.map((a) => a.device.id)
     s = await startServer({ databaseUrl: `sqlite:${file}`, logLevel: "warning" })
     try {
       // Every acknowledged write survived the crash; the old device still authenticates; the file takes new writes.
       const check = await call(s.url, "POST", "/v1/assignments/claim", { token: device.token, body: { slot: 0 } })
       expect(check.status, check.text).toBe(200)
+      // Each device whose registration was answered before the crash still authenticates (404: known device, no such reservation).
+      for (const a of acked) expect((await call(s.url, "GET", "/v1/assignments/999999", { token: a.token })).status).toBe(404)
       const more = await call(s.url, "POST", "/v1/admin/devices", { token: adminToken, body: { name: "after", slots: 1 } })
       expect(more.status).toBe(201)
       expect(more.body.device.id).toBeGreaterThan(Math.max(device.id, ...acknowledged))
