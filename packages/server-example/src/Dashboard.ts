@@ -6,6 +6,7 @@ import * as AdminRoutes from "./AdminRoutes.js"
 import { ApiError, fromStoreError } from "./ApiError.js"
 import * as Auth from "./Auth.js"
 import * as Request from "./internal/Request.js"
+import * as Url from "./internal/Url.js"
 import { Settings } from "./ServerConfig.js"
 import * as Tokens from "./Tokens.js"
 import * as Views from "./Views.js"
@@ -145,7 +146,7 @@ const errorPage = (message: string, status: number) =>
  */
 const dashboard = Effect.gen(function* () {
   const req = yield* HttpServerRequest.HttpServerRequest
-  const url = new URL(req.url, "http://localhost")
+  const url = Url.parse(req.url)
   const given = url.searchParams.get("token")
   if (given !== null) {
     const settings = yield* Settings

@@ -9,6 +9,7 @@ import { ApiError, toResponse } from "./ApiError.js"
 import * as Dashboard from "./Dashboard.js"
 import * as Metrics from "./Metrics.js"
 import { type ServerConfig, Settings } from "./ServerConfig.js"
+import * as Url from "./internal/Url.js"
 import * as Sweeper from "./Sweeper.js"
 import * as WorkerRoutes from "./WorkerRoutes.js"
 
@@ -72,7 +73,7 @@ const accessLog = HttpMiddleware.make((httpApp) =>
     return yield* httpApp.pipe(
       Effect.tap((res) =>
         Effect.logInfo("http").pipe(
-          Effect.annotateLogs({ method: req.method, path: new URL(req.url, "http://localhost").pathname, status: res.status, ms: Date.now() - start })
+          Effect.annotateLogs({ method: req.method, path: Url.parse(req.url).pathname, status: res.status, ms: Date.now() - start })
         )
       ),
       Effect.ensuring(

@@ -3,6 +3,7 @@ import { NodeHttpServerRequest } from "@effect/platform-node"
 import { Effect } from "effect"
 import type { z } from "zod"
 import { ApiError, invalid } from "../ApiError.js"
+import * as Url from "./Url.js"
 
 // Reads the raw body ourselves so an oversized one gets a 413 answer rather
 // than a reset connection: past the limit the rest is drained and dropped.
@@ -68,7 +69,7 @@ export const body = <S extends z.ZodType>(schema: S, limit: number): Effect.Effe
 /** Validates the query string with a zod schema (repeated keys are refused). */
 export const query = <S extends z.ZodType>(schema: S, omit: ReadonlyArray<string> = []): Effect.Effect<z.output<S>, ApiError, HttpServerRequest.HttpServerRequest> =>
   Effect.flatMap(HttpServerRequest.HttpServerRequest, (req) => {
-    const url = new URL(req.url, "http://localhost")
+    const url = Url.parse(req.url)
     const obj: Record<string, string | Array<string>> = {}
     for (const [k, v] of url.searchParams) {
       if (omit.includes(k)) continue
