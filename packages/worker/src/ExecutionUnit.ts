@@ -94,6 +94,7 @@ export const run = (opts: Options): Promise<End> =>
     let ending = false
     let scannerStarted = false
     let failure: string | null = null
+    let journalError: string | null = null
     let staged = false
     let release: (() => void) | null = null
     let stderr = ""
@@ -138,6 +139,7 @@ export const run = (opts: Options): Promise<End> =>
         await Promise.race([exit, new Promise((r) => setTimeout(r, 500))])
         await ProcessTree.terminateTree(pgid, { graceMs: 0, sigterm: false })
         await chain
+        if (journalError !== null) return { kind: "failed", phase, message: `the phase journal could not be written: ${journalError}` }
         if (staged) {
           try {
             const doc = Scanner.StagedSchema.parse(JSON.parse(await readFile(opts.job.stageFile, "utf8")))
@@ -161,7 +163,10 @@ export const run = (opts: Options): Promise<End> =>
           if (!PhaseModel.canTransition(phase, msg.phase)) return
           phase = msg.phase
           const p = msg.phase
-          chain = chain.then(() => opts.onPhase(p, Math.round(msg.at)))
+          // A journal write that fails must not wedge the unit's supervision: the error is kept and reported.
+          chain = chain.then(() => opts.onPhase(p, Math.round(msg.at))).catch((e: unknown) => {
+            journalError ??= (e as Error).message ?? String(e)
+          })
           return
         }
         case "permit_request":
