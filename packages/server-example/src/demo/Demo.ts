@@ -132,46 +132,22 @@ const fakeSchedules = (fakes: FakeSources.FakeSources) =>
     ]
   })
 
+// Only the settings given are passed on, so each client keeps its own defaults for the rest.
+const given = <A extends object>(a: A): Partial<A> => Object.fromEntries(Object.entries(a).filter(([, v]) => v !== undefined && v !== "")) as Partial<A>
+
 const publicSchedules = (s: PublicSources, env: Record<string, string | undefined>) =>
   Effect.gen(function* () {
     const limits = { maxPages: 3, maxResults: 300 }
     const intervalMs = Math.round((s.intervalMinutes ?? 5) * 60_000)
     const every = (client: Scheduler.SourceSchedule["client"]): Scheduler.SourceSchedule => ({ client, intervalMs, jitterMs: Math.round(intervalMs / 10), limits })
-    const opt = <A>(v: A | undefined) => (v === undefined ? {} : v)
     const out: Array<Scheduler.SourceSchedule> = []
-    if (s.github)
-      out.push(every(yield* GitHub.make({ listings: s.github.listings, ...opt(s.github.baseUrl && { baseUrl: s.github.baseUrl }), ...opt(env.GITHUB_TOKEN && { token: env.GITHUB_TOKEN }) })))
-    if (s.gitlab)
-      out.push(
-        every(
-          yield* GitLab.make({
-            ...opt(s.gitlab.baseUrl && { baseUrl: s.gitlab.baseUrl }),
-            ...opt(s.gitlab.params && { params: s.gitlab.params }),
-            ...opt(env.GITLAB_TOKEN && { token: env.GITLAB_TOKEN })
-          })
-        )
-      )
+    if (s.github) out.push(every(yield* GitHub.make({ listings: s.github.listings, ...given({ baseUrl: s.github.baseUrl, token: env.GITHUB_TOKEN }) })))
+    if (s.gitlab) out.push(every(yield* GitLab.make(given({ baseUrl: s.gitlab.baseUrl, params: s.gitlab.params, token: env.GITLAB_TOKEN }))))
     if (s.huggingface)
-      out.push(
-        every(
-          yield* HuggingFace.make({
-            ...opt(s.huggingface.kinds && { kinds: s.huggingface.kinds }),
-            ...opt(s.huggingface.params && { params: s.huggingface.params }),
-            ...opt(s.huggingface.baseUrl && { baseUrl: s.huggingface.baseUrl }),
-            ...opt(env.HF_TOKEN && { token: env.HF_TOKEN })
-          })
-        )
-      )
+      out.push(every(yield* HuggingFace.make(given({ baseUrl: s.huggingface.baseUrl, kinds: s.huggingface.kinds, params: s.huggingface.params, token: env.HF_TOKEN }))))
     if (s.dockerhub)
       out.push(
-        every(
-          yield* DockerHub.make({
-            namespaces: s.dockerhub.namespaces,
-            ...opt(s.dockerhub.baseUrl && { baseUrl: s.dockerhub.baseUrl }),
-            ...opt(env.DOCKERHUB_USERNAME && { username: env.DOCKERHUB_USERNAME }),
-            ...opt(env.DOCKERHUB_TOKEN && { token: env.DOCKERHUB_TOKEN })
-          })
-        )
+        every(yield* DockerHub.make({ namespaces: s.dockerhub.namespaces, ...given({ baseUrl: s.dockerhub.baseUrl, username: env.DOCKERHUB_USERNAME, token: env.DOCKERHUB_TOKEN }) }))
       )
     if (out.length === 0) throw new Error("the sources file names no source: give at least one of github, gitlab, huggingface, dockerhub")
     return out
@@ -237,9 +213,8 @@ export const start = async (opts: Options): Promise<Running> => {
       sweepIntervalMs: 500,
       logLevel: "info"
     })
-    const discovery = Layer.unwrapEffect(
-      Effect.map(fakes ? fakeSchedules(fakes) : publicSchedules((sources as { settings: PublicSources }).settings, (sources as { env: Record<string, string | undefined> }).env), Scheduler.layer)
-    ).pipe(Layer.provide(NodeHttpClient.layerUndici))
+    const schedules = sources.kind === "public" ? publicSchedules(sources.settings, sources.env) : fakeSchedules(fakes!)
+    const discovery = Layer.unwrapEffect(Effect.map(schedules, Scheduler.layer)).pipe(Layer.provide(NodeHttpClient.layerUndici))
     const live = discovery.pipe(Layer.provideMerge(Server.layer(config)), Layer.provide(Database.layer(config.databaseUrl, { poolSize: 4 })))
     const rt = ManagedRuntime.make(live)
     cleanups.push(() => rt.dispose())
