@@ -176,7 +176,7 @@ export const other: ReadonlyArray<Endpoint> = [
     path: "/",
     auth: "admin (bearer or cookie)",
     summary:
-      "The dashboard (server-rendered HTML, refreshes every 5 s). Open `/?token=<admin token>` once: the server sets the HTTP-only, SameSite=Strict cookie `scanfleet_admin` and redirects to `/`, so the token leaves the address bar. Takes the percentile query parameters (`source`, `metric`, `outcome`, `windowHours`).",
+      "The dashboard (server-rendered HTML, refreshes every 5 s). Open `/?token=<admin token>` once: the server sets the HTTP-only, SameSite=Strict cookie `scanfleet_admin` (a session value derived from the token, which opens the dashboard and not the admin API) and redirects to `/`, so the token leaves the address bar. Takes the percentile query parameters (`source`, `metric`, `outcome`, `windowHours`).",
     response: { status: 200, note: "text/html; 401 page without the token, 303 redirect after `?token=`" }
   },
   { method: "GET", path: "/metrics", auth: "none", summary: "Prometheus text exposition (see docs/server.md for the metric names).", response: { status: 200, note: "text/plain; version=0.0.4" } },

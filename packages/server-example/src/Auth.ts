@@ -5,8 +5,15 @@ import { ApiError, forbidden, fromStoreError, unauthorized } from "./ApiError.js
 import { Settings } from "./ServerConfig.js"
 import * as Tokens from "./Tokens.js"
 
-/** The cookie the dashboard keeps the admin token in after `/?token=…`. */
+/** The cookie the dashboard keeps its session in after `/?token=…`. */
 export const adminCookie = "scanfleet_admin"
+
+/**
+ * The dashboard cookie's value: derived from the admin token, never the token
+ * itself, so a leaked cookie opens the read-only dashboard and not the admin API
+ * (which takes only the bearer token).
+ */
+export const dashboardSession = (adminToken: string): string => Tokens.hash(`scanfleet-dashboard-session:${adminToken}`)
 
 const bearer = Effect.map(HttpServerRequest.HttpServerRequest, (req) => Tokens.fromAuthorization(req.headers["authorization"]))
 
@@ -34,8 +41,12 @@ export const device: Effect.Effect<Store.Device, ApiError, HttpServerRequest.Htt
 export const admin = (opts: { readonly cookie: boolean }): Effect.Effect<void, ApiError, HttpServerRequest.HttpServerRequest | Store.Store | Settings> =>
   Effect.gen(function* () {
     const req = yield* HttpServerRequest.HttpServerRequest
-    const token = (yield* bearer) ?? (opts.cookie ? (req.cookies[adminCookie] ?? null) : null)
-    if (token === null) return yield* Effect.fail(unauthorized("the admin token is required (Authorization: Bearer <admin token>)"))
+    const settings = yield* Settings
+    const cookie = opts.cookie ? req.cookies[adminCookie] : undefined
+    if (cookie !== undefined && Tokens.equal(cookie, dashboardSession(settings.adminToken))) return
+    const token = yield* bearer
+    if (token === null)
+      return yield* Effect.fail(unauthorized(cookie === undefined ? "the admin token is required (Authorization: Bearer <admin token>)" : "the dashboard session is no longer valid; open /?token=<admin token> again"))
     if (yield* isAdmin(token)) return
     const store = yield* Store.Store
     const d = yield* store.deviceByTokenHash(Tokens.hash(token)).pipe(Effect.mapError(fromStoreError))

@@ -29,6 +29,17 @@ const iso = (ms: number | null) => (ms === null ? "—" : new Date(ms).toISOStri
 const quantile = (q: z.infer<typeof WorkerApi.QuantileView>) =>
   q.status === "ok" ? `${Math.round(q.value)} ms` : `insufficient (${q.count} of ${q.required} samples)`
 
+/** Headers of every dashboard page: not cached, not framed, no script at all. */
+const secured = (res: HttpServerResponse.HttpServerResponse) =>
+  res.pipe(
+    HttpServerResponse.setHeaders({
+      "cache-control": "no-store",
+      "x-content-type-options": "nosniff",
+      "referrer-policy": "no-referrer",
+      "content-security-policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'"
+    })
+  )
+
 const page = (title: string, body: string) => `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="5">
 <title>${esc(title)}</title>
@@ -138,7 +149,7 @@ const errorPage = (message: string, status: number) =>
           ? `<p>Open <code>/?token=&lt;admin token&gt;</code> once; the token is then kept in an HTTP-only cookie and removed from the address.</p>`
           : `<p><a href="/">Back to the dashboard</a></p>`)
     )
-  ).pipe(HttpServerResponse.setStatus(status))
+  ).pipe(HttpServerResponse.setStatus(status), secured)
 
 /**
  * GET /: the dashboard. `/?token=<admin token>` sets the admin cookie and
@@ -154,7 +165,7 @@ const dashboard = Effect.gen(function* () {
     url.searchParams.delete("token")
     return HttpServerResponse.empty({ status: 303 }).pipe(
       HttpServerResponse.setHeader("location", `/${url.search}`),
-      HttpServerResponse.unsafeSetCookie(Auth.adminCookie, given, { httpOnly: true, sameSite: "strict", path: "/" })
+      HttpServerResponse.unsafeSetCookie(Auth.adminCookie, Auth.dashboardSession(settings.adminToken), { httpOnly: true, sameSite: "strict", path: "/" })
     )
   }
   const authed = yield* Auth.admin({ cookie: true }).pipe(Effect.either)
@@ -182,7 +193,7 @@ and the <b>${esc(Deadline.labels.expiresAt)}</b> (the server reclaims the target
 <label>Window (hours) <input name="windowHours" type="number" min="1" value="${esc(q.windowHours)}"></label> <button>Show</button></form>
 ${percentileTable(pct)}
 <h2>Targets</h2>${targetsTable(counts)}`
-  return HttpServerResponse.html(page("scanfleet dashboard", body))
+  return secured(HttpServerResponse.html(page("scanfleet dashboard", body)))
 }).pipe(
   Effect.catchTag("ApiError", (e: ApiError) =>
     Effect.succeed(errorPage(e.message, e.status))

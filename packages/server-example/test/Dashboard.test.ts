@@ -103,6 +103,11 @@ describe.skipIf(!haveChromium)("dashboard in headless Chromium (SQLite file)", (
     await page.goto(`${s.url}/?token=${adminToken}`)
     // The token leaves the address bar: it now lives in an HTTP-only cookie.
     expect(page.url()).toBe(`${s.url}/`)
+    const [cookie] = await ctx.cookies()
+    expect(cookie).toMatchObject({ name: "scanfleet_admin", httpOnly: true, sameSite: "Strict" })
+    expect(cookie.value).not.toContain(adminToken)
+    // The session cookie opens the dashboard only, never the admin API.
+    expect((await fetch(`${s.url}/v1/admin/summary`, { headers: { cookie: `scanfleet_admin=${cookie.value}` } })).status).toBe(401)
     const headers = await page.locator("[data-testid=active-table] th").allTextContents()
     expect(headers).toEqual(expect.arrayContaining(["Target-scan deadline", "Result-upload deadline", "Assignment expiry", "Current phase", "Fires next"]))
 
