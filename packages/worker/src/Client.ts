@@ -71,7 +71,7 @@ export const make = (opts: Options): Client => {
       if (retryable(res.status)) throw new ApiUnreachable({ message: `${method} ${path}: HTTP ${res.status}`, status: res.status })
       let parsed: WorkerApi.ErrorBody | null = null
       try {
-        parsed = WorkerApi.ErrorBody.parse(JSON.parse(text))
+        parsed = WorkerApi.ErrorBodySchema.parse(JSON.parse(text))
       } catch {
         parsed = null
       }
@@ -88,7 +88,7 @@ export const make = (opts: Options): Client => {
     claim: async (slot) => (await call("POST", "/v1/assignments/claim", { slot }, WorkerApi.ClaimResponse)).assignment,
     progress: (id, fence, events) => call("POST", `/v1/assignments/${id}/progress`, { fence, events }, WorkerApi.ProgressResponse),
     result: (id, body) => call("POST", `/v1/assignments/${id}/result`, body, WorkerApi.Receipt),
-    release: (id, body) => call("POST", `/v1/assignments/${id}/release`, body, WorkerApi.AssignmentView),
-    get: (id) => call("GET", `/v1/assignments/${id}`, undefined, WorkerApi.AssignmentView)
+    release: (id, body) => call("POST", `/v1/assignments/${id}/release`, body, WorkerApi.AssignmentViewSchema),
+    get: (id) => call("GET", `/v1/assignments/${id}`, undefined, WorkerApi.AssignmentViewSchema)
   }
 }

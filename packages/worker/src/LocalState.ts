@@ -30,7 +30,7 @@ export const AssignmentRecordSchema = z
     reservationId: z.number().int().positive(),
     slot: z.number().int().min(0),
     fence: z.number().int(),
-    view: WorkerApi.AssignmentView,
+    view: WorkerApi.AssignmentViewSchema,
     /** Device clock minus server clock at claim, milliseconds. */
     clockOffsetMs: z.number().int(),
     deadlines: LocalDeadlinesSchema,
