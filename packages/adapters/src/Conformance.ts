@@ -731,6 +731,27 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
             expect(won.filter((a) => a.source === "gitlab")).toHaveLength(3)
           }))
 
+        test("racing discovery batches insert each identity once and keep the newest observation", (s) =>
+          Effect.gen(function* () {
+            const ids = Array.from({ length: 300 }, (_, i) => `disc/${i}`)
+            // each racer sees the same identities in its own order, with its own timestamps
+            const batches = Array.from({ length: 8 }, (_, r) =>
+              ids.map((_, i) => ids[(i * (2 * r + 1) + r * 37) % ids.length]).map((identity, i) => obs("github", identity, T0 + r * 1000 + (i % 7)))
+            )
+            const results = yield* Effect.all(
+              batches.map((b, r) => s.recordObservations(b, T0 + r)),
+              { concurrency: "unbounded" }
+            )
+            const inserted = results.flatMap((r) => r.inserted)
+            expect(inserted.length).toBe(ids.length)
+            expect(new Set(inserted).size).toBe(ids.length)
+            expect(results.reduce((n, r) => n + r.known, 0)).toBe(8 * ids.length - ids.length)
+            for (const identity of ids.slice(0, 20)) {
+              const newest = Math.max(...batches.flatMap((b) => b.filter((o) => o.identity === identity).map((o) => o.remoteAt ?? 0)))
+              expect((yield* s.getTarget("github", identity)).observedRemoteAt).toBe(newest)
+            }
+          }))
+
         test("racing promotions promote each covered revision at most once", (s) =>
           Effect.gen(function* () {
             const d = yield* addDevice(s, 20)

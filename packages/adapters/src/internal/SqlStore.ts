@@ -29,14 +29,15 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
   // write takes the database's write lock at once, as BEGIN IMMEDIATE would, so
   // a transaction never reads and then fails to upgrade (SQLITE_BUSY).
   const writeLock = isPg ? Effect.void : sql`UPDATE targets SET fence = fence WHERE 0`
-  const transaction = <A, E, R>(self: Effect.Effect<A, E, R>) =>
-    mapped(sql.withTransaction(Effect.zipRight(writeLock, self)))
-  // A deadlock or serialization failure aborted the whole statement: it is safe to run again.
-  const retryConflicts = <A, E extends { readonly _tag: string }, R>(self: Effect.Effect<A, E, R>) =>
+  // A deadlock or serialization failure aborted the whole statement or transaction
+  // before anything was committed: it is safe to run again.
+  const retryConflicts = <A, E, R>(self: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
     Effect.retry(self, {
-      while: (e) => e instanceof Errors.StoreError && e.reason === "conflict",
+      while: (e: E) => e instanceof Errors.StoreError && e.reason === "conflict",
       schedule: Schedule.intersect(Schedule.exponential("5 millis"), Schedule.recurs(4))
     })
+  const transaction = <A, E, R>(self: Effect.Effect<A, E, R>) =>
+    retryConflicts(mapped(sql.withTransaction(Effect.zipRight(writeLock, self))))
   const jsonParam = (v: unknown) => (isPg ? sql`${JSON.stringify(v)}::jsonb` : sql`${JSON.stringify(v)}`)
 
   const loadAssignment = (reservationId: number, lock: boolean) =>

@@ -43,6 +43,12 @@ const result = (batch: ReadonlyArray<Target.Observation>, rows: ReadonlyArray<Ro
  * order, so new ids follow the order of discovery; `GREATEST` ignores NULLs, and
  * the `WHERE` keeps unchanged known rows from being rewritten. `xmax = 0` marks
  * the rows this statement inserted.
+ *
+ * Two batches upserting the same identities in different orders would lock
+ * rows in different orders and deadlock; instead each batch first takes a
+ * transaction-level advisory lock per source it names (in sorted order, in a
+ * one-time filter evaluated before any row is written), so concurrent cycles
+ * of one source take turns, one short statement each.
  */
 export const pg = (sql: SqlClient.SqlClient, batch: ReadonlyArray<Target.Observation>, now: number) =>
   Effect.gen(function* () {
@@ -53,6 +59,9 @@ export const pg = (sql: SqlClient.SqlClient, batch: ReadonlyArray<Target.Observa
       SELECT i.source, i.identity, 'pending', i.remote_at, ${now}::bigint
       FROM unnest(${rows.map((r) => r.source)}::text[], ${rows.map((r) => r.identity)}::text[],
                   ${rows.map((r) => r.remoteAt)}::bigint[], ${rows.map((r) => r.ord)}::int[]) AS i(source, identity, remote_at, ord)
+      WHERE (SELECT count(*) FROM (
+        SELECT pg_advisory_xact_lock(hashtext('scanfleet.observe:' || s))
+        FROM unnest(${[...new Set(rows.map((r) => r.source))].sort()}::text[]) AS u(s)) AS l) >= 0
       ORDER BY i.ord
       ON CONFLICT (source, identity) DO UPDATE
         SET observed_remote_at = GREATEST(targets.observed_remote_at, EXCLUDED.observed_remote_at)
