@@ -3,6 +3,7 @@ import { Effect, Either, type Layer } from "effect"
 import {
   type Assignment,
   Config,
+  Deadline,
   Discovery,
   MemoryStore,
   Percentile,
@@ -472,6 +473,18 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
           expect(yield* failure(s.appendProgress(auth(a, T0 + 3), [ev(2, "preparing", T0)]))).toMatchObject({ reason: "not_active" })
           // a retry of an accepted event is still answered after the reservation ended
           expect((yield* s.appendProgress(auth(a, T0 + 3), [ev(1, "assigned", T0)])).results[0]).toMatchObject({ status: "duplicate", acceptedAt: T0 + 1 })
+        }))
+
+      test("Operator inspects active work", (s) =>
+        Effect.gen(function* () {
+          const a = yield* active(s)
+          yield* s.appendProgress(auth(a, T0 + 5 * MIN), [ev(1, "assigned", T0), ev(2, "scanning", T0 + MIN)])
+          const [shown] = yield* s.listAssignments({ state: "active", limit: 10 })
+          // the three immutable deadlines are stored apart, with the current phase
+          expect(shown).toMatchObject({ reservationId: a.reservationId, lastPhase: "scanning", scanDeadline: a.scanDeadline, uploadDeadline: a.uploadDeadline, expiresAt: a.expiresAt })
+          expect(new Set([shown.scanDeadline, shown.uploadDeadline, shown.expiresAt]).size).toBe(3)
+          expect(Deadline.next(shown, T0 + 10 * MIN)).toEqual({ which: "scanDeadline", label: "target-scan deadline", at: a.scanDeadline, remainingMs: a.scanDeadline - (T0 + 10 * MIN) })
+          expect(Deadline.next(shown, a.scanDeadline)).toMatchObject({ which: "uploadDeadline", label: "result-upload deadline" })
         }))
 
       test("Process restarts during an assignment", (s) =>
