@@ -72,7 +72,7 @@ const describe = (a: LocalState.AssignmentRecord, now: number): Array<string> =>
   const { rows, next } = Supervisor.describeDeadlines(a, now)
   const lines = [`  current phase: ${a.phase ?? "none"} (last sequence ${a.lastSeq})${a.outcome ? `, outcome ${a.outcome}` : ""}`]
   for (const r of rows) lines.push(`  ${r.label.padEnd(24)} ${new Date(r.at).toISOString()}  ${duration(r.remainingMs)}`)
-  lines.push(`  fires next: ${next ? `${next.label} ${duration(next.remainingMs)}` : "nothing (all three have passed)"}`)
+  if (a.status !== "done") lines.push(`  fires next: ${next ? `${next.label} ${duration(next.remainingMs)}` : "nothing (all three have passed)"}`)
   return lines
 }
 

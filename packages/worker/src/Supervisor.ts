@@ -294,7 +294,7 @@ export const start = async (opts: Options): Promise<Device> => {
           "timed_out",
           "killed_at_deadline",
           end.phase,
-          `the target-scan deadline (${clockIso(view.deadlines.targetScan.at)}) fired during ${end.phase}; ` +
+          `the target-scan deadline (${clockIso(deadlines.scan)} on this device's clock) fired during ${end.phase}; ` +
             `sent ${end.signals.join(", ") || "nothing (the group had already ended)"} to the runner's process group` +
             (end.scannerStarted ? "" : "; the scanner never started") +
             (end.survivors.length > 0 ? `; survivors: ${end.survivors.join(", ")}` : "")
