@@ -86,6 +86,8 @@ const pad = (s: string, n: number, right = false) => (right ? s.padStart(n) : s.
 /** The speed ratio of scanfleet over an alternative (>1: scanfleet is faster). */
 export const speedRatio = (w: WorkloadResult, sf: number, alt: number) => (w.higherIsBetter ? sf / alt : alt / sf)
 
+const ratioText = (r: number) => `${r >= 0.1 ? r.toFixed(2) : r.toPrecision(2)}x`
+
 /** Renders one workload as a plain-text table (also valid Markdown). */
 export const table = (w: WorkloadResult): string => {
   const sf = w.systems.find((s) => s.system.startsWith("scanfleet"))
@@ -95,7 +97,7 @@ export const table = (w: WorkloadResult): string => {
     const vs = s.samples.map((x) => x.value)
     const st = s.samples.map((x) => x.statementsPerUnit).filter((x): x is number => x !== undefined)
     const med = median(vs)
-    const ratio = w.noRatio || s === sf || !sf || Number.isNaN(sfMed) || Number.isNaN(med) ? "" : `${speedRatio(w, sfMed, med).toFixed(2)}x`
+    const ratio = w.noRatio || s === sf || !sf || Number.isNaN(sfMed) || Number.isNaN(med) ? "" : ratioText(speedRatio(w, sfMed, med))
     return [
       s.system,
       s.errors.length > 0 && vs.length === 0 ? "FAILED (see below)" : fmt(med),
