@@ -1,8 +1,9 @@
 import { Deadline, PhaseModel, WorkerApi } from "@scanfleet/core"
 import { existsSync } from "node:fs"
-import { mkdir, mkdtemp, readFile, rm } from "node:fs/promises"
+import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import { Data } from "effect"
 import type { z } from "zod"
 import * as Client from "./Client.js"
 import * as ExecutionUnit from "./ExecutionUnit.js"
@@ -99,6 +100,44 @@ const resultBody = (
 
 const clockIso = (ms: number) => new Date(ms).toISOString()
 
+/** Another controller runs on the same state file; starting a second one would kill its scans. */
+export class StateInUse extends Data.TaggedError("StateInUse")<{ readonly file: string; readonly pid: number; readonly message: string }> {}
+
+/**
+ * Takes the state file's lock: a file naming this process (pid and start
+ * time). A lock whose process is gone, or whose pid now belongs to another
+ * process, is stale (the previous controller crashed) and is taken over.
+ */
+const lock = async (file: string): Promise<() => Promise<void>> => {
+  const me = JSON.stringify({ pid: process.pid, startTime: ProcessTree.startTime(process.pid) })
+  for (let attempt = 0; ; attempt++) {
+    try {
+      // Exclusive create: of two controllers starting at once, one wins.
+      await writeFile(file, me, { flag: "wx" })
+      return async () => {
+        await rm(file, { force: true })
+      }
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw e
+    }
+    let holder = 0
+    try {
+      let text = await readFile(file, "utf8")
+      // A lock being written this very moment reads empty; give its writer a moment.
+      if (text === "") text = await new Promise<void>((r) => setTimeout(r, 100)).then(() => readFile(file, "utf8"))
+      const held = JSON.parse(text) as { pid?: unknown; startTime?: unknown }
+      const pid = typeof held.pid === "number" && held.pid > 0 ? held.pid : 0
+      const now = pid > 0 ? ProcessTree.stat(pid) : null
+      if (now !== null && now.state !== "Z" && (held.startTime === null || now.startTime === held.startTime)) holder = pid
+    } catch {
+      // An unreadable lock names nobody.
+    }
+    if (holder > 0 || attempt > 0)
+      throw new StateInUse({ file, pid: holder, message: `the state file is in use by a running controller${holder > 0 ? ` (pid ${holder})` : ""}; stop it first` })
+    await rm(file, { force: true })
+  }
+}
+
 /**
  * Starts a device: recovery first, then one claim loop per slot.
  *
@@ -112,7 +151,11 @@ export const start = async (opts: Options): Promise<Device> => {
   const emit = opts.onEvent ?? ((e: DeviceEvent) => {
     if (e.type === "error" || e.type === "retry") process.stderr.write(`${JSON.stringify({ at: new Date().toISOString(), ...e })}\n`)
   })
-  const state = await LocalState.open(opts.state)
+  const unlock = await lock(`${opts.state}.lock`)
+  const state = await LocalState.open(opts.state).catch(async (e) => {
+    await unlock()
+    throw e
+  })
   const client = Client.make({ server: opts.server, token: opts.token })
   const permits = Permits.make(opts.permits ?? opts.slots)
   const graceMs = opts.graceMs ?? 2000
@@ -446,6 +489,7 @@ export const start = async (opts: Options): Promise<Device> => {
         await sender?.drain(opts.drainMs ?? 3000)
         await sender?.stop()
         await state.close()
+        await unlock()
       })())
   }
 }

@@ -200,6 +200,17 @@ describe("worker device against the scanfleet server", () => {
     expect((await local.journal(id)).filter((e) => e.delivery === "pending")).toEqual([])
   })
 
+  it("a second controller on the same state file is refused while the first one runs", async () => {
+    const t = await setup({ scanner: Scanner.demo({ delayMs: 100 }), scanSeconds: 10, targets: [] })
+    await expect(
+      Supervisor.start({ server: t.fleet.url, token: t.fleet.token, slots: 1, scanner: Scanner.demo(), state: t.state })
+    ).rejects.toMatchObject({ _tag: "StateInUse", pid: process.pid })
+    await t.stop()
+    // Stopped, it leaves the file to the next controller.
+    const next = await Supervisor.start({ server: t.fleet.url, token: t.fleet.token, slots: 1, scanner: Scanner.demo(), state: t.state, onEvent: () => {} })
+    await next.stop()
+  })
+
   it("Operator inspects active work", async () => {
     const t = await setup({ scanner: Scanner.demo({ delayMs: 5000 }), scanSeconds: 10, targets: ["acme/busy"] })
     await until("scanning", async () => (await t.device.state.assignments({ open: true })).some((a) => a.phase === "scanning"))
