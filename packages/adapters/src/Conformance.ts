@@ -1,5 +1,6 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, type Layer } from "effect"
+import * as fc from "effect/FastCheck"
 import {
   type Assignment,
   Config,
@@ -626,6 +627,19 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
           const all = yield* s.percentiles({ from: T0, to: T0 + DAY, minSamples: 1 })
           expect(all.map((r) => `${r.source}/${r.metric}/${r.outcome}`)).toContain("dockerhub/scanning/findings")
           expect(all.map((r) => r.source)).toContain("github")
+        }))
+
+      test("percentiles equal core's Percentile.summarize for any set of samples", (s) =>
+        Effect.gen(function* () {
+          const sets = fc.sample(fc.array(fc.double({ min: 0, max: 1e7, noNaN: true, noDefaultInfinity: true }), { minLength: 1, maxLength: 80 }), 6)
+          const metrics = Percentile.metrics
+          const samples = sets.flatMap((values, i) => values.map((ms, k) => d("huggingface", metrics[i % metrics.length], i < 5 ? "clean" : "findings", ms, T0 + k)))
+          yield* s.recordDurations(samples)
+          const rows = yield* s.percentiles({ from: T0, to: T0 + DAY, minSamples: 1 })
+          for (const r of rows) {
+            const mine = samples.filter((x) => x.metric === r.metric && x.outcome === r.outcome).map((x) => x.ms)
+            expect(r, JSON.stringify(mine)).toEqual({ source: "huggingface", metric: r.metric, outcome: r.outcome, ...Percentile.summarize(mine, 1) })
+          }
         }))
 
       test("Insufficient samples exist", (s) =>

@@ -297,20 +297,37 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
               FROM durations WHERE ${where} GROUP BY source, metric, outcome`,
             (rows) => rows.map((r) => ({ key: r, n: Number(r.n), values: [Number(r.p50), Number(r.p95), Number(r.p99)] as const }))
           )
-        : // SQLite has no ordered-set aggregates: read each group's values in order and interpolate the same way.
-          Effect.map(sql<Row>`SELECT source, metric, outcome, ms FROM durations WHERE ${where} ORDER BY source, metric, outcome, ms`, (rows) => {
-            const by = new Map<string, { key: Row; values: Array<number> }>()
-            for (const r of rows) {
-              const k = `${r.source}/${r.metric}/${r.outcome}`
-              const g = by.get(k) ?? { key: r, values: [] }
-              g.values.push(Number(r.ms))
-              by.set(k, g)
-            }
-            return [...by.values()].map((g) => {
-              const sorted = g.values.sort((a, b) => a - b)
-              return { key: g.key, n: sorted.length, values: [Percentile.cont(sorted, 0.5), Percentile.cont(sorted, 0.95), Percentile.cont(sorted, 0.99)] as const }
-            })
-          })
+        : // SQLite has no ordered-set aggregates: rank each group's values, fetch the two
+          // closest ranks of each level, and interpolate between them as percentile_cont does.
+          Effect.map(
+            sql<Row>`
+              WITH ranked AS (
+                SELECT source, metric, outcome, ms,
+                  row_number() OVER (PARTITION BY source, metric, outcome ORDER BY ms) - 1 AS r,
+                  count(*) OVER (PARTITION BY source, metric, outcome) AS n
+                FROM durations WHERE ${where}
+              )
+              SELECT source, metric, outcome, n, ${sql.literal(
+                Percentile.levels
+                  .map((p, i) => {
+                    const rank = `(${p} * (n - 1))`
+                    const lo = `CAST(${rank} AS INTEGER)`
+                    return `MAX(CASE WHEN r = ${lo} THEN ms END) AS lo${i}, MAX(CASE WHEN r = ${lo} + (${rank} > ${lo}) THEN ms END) AS hi${i}`
+                  })
+                  .join(", ")
+              )}
+              FROM ranked GROUP BY source, metric, outcome`,
+            (rows) =>
+              rows.map((r) => {
+                const n = Number(r.n)
+                const at = (i: number) => {
+                  const rank = Percentile.levels[i] * (n - 1)
+                  const lo = Number(r[`lo${i}`])
+                  return lo + (Number(r[`hi${i}`]) - lo) * (rank - Math.floor(rank))
+                }
+                return { key: r, n, values: [at(0), at(1), at(2)] as const }
+              })
+          )
       return mapped(
         Effect.map(groups, (gs) =>
           gs
