@@ -7,7 +7,7 @@ const pkg = (name: string, entry: Record<string, string>): Options => ({
   entry,
   outDir: `packages/${name}/dist`,
   format: ["esm", "cjs"],
-  dts: { compilerOptions: { customConditions: [] } },
+  dts: true,
   tsconfig: `tsconfig.build.json`,
   sourcemap: true,
   clean: true,
