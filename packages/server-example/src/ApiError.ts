@@ -1,5 +1,5 @@
 import { HttpServerResponse } from "@effect/platform"
-import { Errors, type WorkerApi } from "@scanfleet/core"
+import type { Errors, WorkerApi } from "@scanfleet/core"
 import { Data } from "effect"
 import type { z } from "zod"
 
@@ -68,6 +68,3 @@ export const fromNotFound = (e: Errors.NotFound) => new ApiError({ status: 404, 
 /** A store failure is the server's problem, never the client's: 503 while the database is unreachable, else 500. */
 export const fromStoreError = (e: Errors.StoreError) =>
   new ApiError({ status: e.reason === "unavailable" ? 503 : 500, error: `store_${e.reason}`, message: "the store could not complete the request; nothing was changed by this request" })
-
-/** True for the core error classes. */
-export const isStoreError = (u: unknown): u is Errors.StoreError => u instanceof Errors.StoreError

@@ -1,7 +1,7 @@
 import { HttpServerRequest } from "@effect/platform"
 import { Store } from "@scanfleet/core"
 import { Effect } from "effect"
-import { ApiError, forbidden, fromStoreError, unauthorized } from "./ApiError.js"
+import { type ApiError, forbidden, fromStoreError, unauthorized } from "./ApiError.js"
 import { Settings } from "./ServerConfig.js"
 import * as Tokens from "./Tokens.js"
 
@@ -20,7 +20,8 @@ const bearer = Effect.map(HttpServerRequest.HttpServerRequest, (req) => Tokens.f
 const isAdmin = (token: string) => Effect.map(Settings, (s) => Tokens.equal(token, s.adminToken))
 
 /**
- * The device behind the bearer token: 401 when missing or unknown (revoked
+ * The device behind the bearer token, found by the token's SHA-256 (so the
+ * lookup's timing says nothing about the secret): 401 when missing or unknown (revoked
  * devices included), 403 when the admin token is used on the Worker API.
  */
 export const device: Effect.Effect<Store.Device, ApiError, HttpServerRequest.HttpServerRequest | Store.Store | Settings> = Effect.gen(function* () {
@@ -53,6 +54,3 @@ export const admin = (opts: { readonly cookie: boolean }): Effect.Effect<void, A
     if (d !== null) return yield* Effect.fail(forbidden("a device token cannot use the admin API"))
     return yield* Effect.fail(unauthorized("the admin token is wrong"))
   })
-
-/** Type of a refusal from this module. */
-export type AuthError = ApiError
