@@ -121,6 +121,20 @@ describe("the scan-stage watchdog", () => {
   })
 })
 
+describe("the shipped trufflehog plug-in", () => {
+  it("runs the command with its per-source arguments and maps exit 183 to findings", async () => {
+    const spec = Scanner.trufflehog({ command: fixture("fake-trufflehog.mjs") })
+    const args = Scanner.expand(spec.kind === "command" ? spec.args : [], { source: "github", identity: "acme/repo", workDir: dir, targetId: 1 })
+    const u = supervise(spec, { deadlineMs: 10_000, args: [...args] })
+    const end = await u.end
+    expect(end.kind).toBe("staged")
+    if (end.kind !== "staged") return
+    expect(Scanner.classify(spec, end.staged)).toBe("findings")
+    expect(end.staged.findings).toEqual([expect.objectContaining({ DetectorName: "AWS" })])
+    expect(end.staged.log).toContain("TruffleHog")
+  })
+})
+
 describe("exit-code tables", () => {
   const staged = (code: number): Scanner.Staged => ({ kind: "exit", code, signal: null, findings: [], malformed: 0, log: "" })
   it("exit 0 is clean only when the scanner's table says so", () => {
