@@ -121,7 +121,13 @@ const migrations: ReadonlyArray<ReadonlyArray<string>> = [
        reservation_id INTEGER PRIMARY KEY, after_seq INTEGER NOT NULL, body TEXT NOT NULL,
        delivery TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, error TEXT)`
   ],
-  [`ALTER TABLE results ADD COLUMN kind TEXT NOT NULL DEFAULT 'result'`]
+  [`ALTER TABLE results ADD COLUMN kind TEXT NOT NULL DEFAULT 'result'`],
+  // Open assignments are found by an indexed column, however long the device's history grows.
+  [
+    `ALTER TABLE assignments ADD COLUMN status TEXT NOT NULL DEFAULT 'running'`,
+    `UPDATE assignments SET status = json_extract(doc, '$.status')`,
+    `CREATE INDEX assignments_open ON assignments (status, reservation_id) WHERE status <> 'done'`
+  ]
 ]
 
 const toEntry = (r: z.infer<typeof EventRow>): JournalEntry => ({
@@ -229,8 +235,8 @@ export const open = async (file: string): Promise<LocalState> => {
     )
   const saveAssignment = (sql: SqlClient.SqlClient, a: AssignmentRecord) => {
     const doc = JSON.stringify(AssignmentRecordSchema.parse(a))
-    return sql`INSERT INTO assignments (reservation_id, doc) VALUES (${a.reservationId}, ${doc})
-               ON CONFLICT (reservation_id) DO UPDATE SET doc = excluded.doc`
+    return sql`INSERT INTO assignments (reservation_id, doc, status) VALUES (${a.reservationId}, ${doc}, ${a.status})
+               ON CONFLICT (reservation_id) DO UPDATE SET doc = excluded.doc, status = excluded.status`
   }
   const loadJournal = (sql: SqlClient.SqlClient, id: number) =>
     Effect.map(sql`SELECT * FROM events WHERE reservation_id = ${id} ORDER BY seq`, (rows) => rows.map((r) => toEntry(EventRow.parse(r))))
@@ -247,8 +253,11 @@ export const open = async (file: string): Promise<LocalState> => {
     assignment: (id) => run((sql) => loadAssignment(sql, id)),
     assignments: (q) =>
       run((sql) =>
-        Effect.map(sql<{ doc: string }>`SELECT doc FROM assignments ORDER BY reservation_id DESC LIMIT ${q?.limit ?? 1000}`, (rows) =>
-          rows.map((r) => AssignmentRecordSchema.parse(JSON.parse(r.doc))).filter((a) => !q?.open || a.status !== "done")
+        Effect.map(
+          q?.open
+            ? sql<{ doc: string }>`SELECT doc FROM assignments WHERE status <> 'done' ORDER BY reservation_id DESC LIMIT ${q?.limit ?? 100_000}`
+            : sql<{ doc: string }>`SELECT doc FROM assignments ORDER BY reservation_id DESC LIMIT ${q?.limit ?? 1000}`,
+          (rows) => rows.map((r) => AssignmentRecordSchema.parse(JSON.parse(r.doc)))
         )
       ),
     putAssignment: (a) => run((sql) => Effect.asVoid(saveAssignment(sql, a))),

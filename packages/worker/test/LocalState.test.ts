@@ -101,6 +101,18 @@ describe("the local phase journal", () => {
     }
   })
 
+  it("an open assignment is found however many finished ones came after it", async () => {
+    const s = await LocalState.open(join(dir, "long-history.db"))
+    try {
+      await s.putAssignment({ ...record(1), status: "delivering" })
+      for (let id = 2; id <= 1500; id++) await s.putAssignment({ ...record(id), status: "done" })
+      expect((await s.assignments({ open: true })).map((a) => a.reservationId)).toEqual([1])
+      expect(await s.assignments({ limit: 3 })).toHaveLength(3)
+    } finally {
+      await s.close()
+    }
+  })
+
   it("persisted state is parsed on load: a damaged row is an error, not a guess", async () => {
     const file = join(dir, "damaged.db")
     const s = await LocalState.open(file)
