@@ -32,9 +32,6 @@ export const mapped = <A, E, R>(self: Effect.Effect<A, E | SqlError.SqlError, R>
     (e) => Effect.fail(toStoreError(e))
   ) as Effect.Effect<A, Exclude<E, SqlError.SqlError> | Errors.StoreError, R>
 
-/** A stored value that cannot be decoded. */
-export const corrupt = (message: string, cause?: unknown) => new Errors.StoreError({ reason: "corrupt", message, cause })
-
 /**
  * A store layer whose construction fails only with StoreError: drivers throw
  * while opening (a missing directory, a refused connection), which would
