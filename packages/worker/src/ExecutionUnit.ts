@@ -123,6 +123,8 @@ export const run = (opts: Options): Promise<End> =>
       release?.()
       await chain
       if (child.connected) child.disconnect()
+      // Our end of the unit's stderr goes too, even if something still holds the other end.
+      child.stderr?.destroy()
       resolve(out)
     }
 
