@@ -2,7 +2,6 @@ import { Config, WorkerApi } from "@scanfleet/core"
 import { Either } from "effect"
 import fc from "fast-check"
 import { afterAll, beforeAll, describe, expect, inject, it } from "vitest"
-import type { z } from "zod"
 import { addDevice, storeOn } from "./support/Fleet.js"
 import { adminToken, type Answer, call, database, marked, type ServerProc, snapshot, startServer } from "./support/Procs.js"
 
@@ -184,6 +183,3 @@ describe("generated bad input is refused with a field path, never a 5xx, never a
     expect(logs).not.toMatch(/"status":5\d\d/)
   })
 })
-
-// Keep the type import used: schemas above are zod objects.
-export type _Unused = z.ZodType

@@ -89,9 +89,12 @@ const launch = (file: string, args: ReadonlyArray<string>, env: Record<string, s
     output: () => chunks.join(""),
     exited,
     alive: () => !done,
+    // A graceful signal gets ten seconds before SIGKILL follows it.
     kill: async (sig = "SIGKILL") => {
       if (!done) child.kill(sig)
+      const t = sig === "SIGKILL" ? null : setTimeout(() => void (done || child.kill("SIGKILL")), 10_000)
       await exited
+      if (t) clearTimeout(t)
     }
   }
 }
