@@ -642,6 +642,13 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
           }
         }))
 
+      test("records 30,000 duration observations in one call", (s) =>
+        Effect.gen(function* () {
+          yield* s.recordDurations(Array.from({ length: 30_000 }, (_, i) => d("github", "end_to_end", "clean", i + 0.25, T0 + (i % 1000))))
+          const [row] = yield* s.percentiles({ from: T0, to: T0 + DAY, minSamples: 1 })
+          expect(row).toMatchObject({ count: 30_000, p50: { status: "ok", value: 14_999.75 } })
+        }), 60_000)
+
       test("Insufficient samples exist", (s) =>
         Effect.gen(function* () {
           yield* s.recordDurations([1, 2, 3].map((i) => d("gitlab", "upload", "clean", i * 10, T0)))

@@ -385,10 +385,19 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
       )
   }
 
+  // One statement for any number of observations: columns as arrays (Postgres) or one JSON
+  // document (SQLite), never one bind parameter per value, which would hit the protocol's cap.
   function insertDurations(ds: ReadonlyArray<Assignment.Duration>) {
-    return ds.length === 0
-      ? Effect.void
-      : Effect.asVoid(sql`INSERT INTO durations ${sql.insert(ds.map((d) => ({ source: d.source, metric: d.metric, outcome: d.outcome, ms: d.ms, at: d.at })))}`)
+    if (ds.length === 0) return Effect.void
+    return Effect.asVoid(
+      isPg
+        ? sql`INSERT INTO durations (source, metric, outcome, ms, at)
+            SELECT * FROM unnest(${ds.map((d) => d.source)}::text[], ${ds.map((d) => d.metric)}::text[], ${ds.map((d) => d.outcome)}::text[],
+              ${ds.map((d) => d.ms)}::float8[], ${ds.map((d) => d.at)}::bigint[])`
+        : sql`INSERT INTO durations (source, metric, outcome, ms, at)
+            SELECT j.value ->> 0, j.value ->> 1, j.value ->> 2, j.value ->> 3, j.value ->> 4
+            FROM json_each(${JSON.stringify(ds.map((d) => [d.source, d.metric, d.outcome, d.ms, d.at]))}) AS j ORDER BY j.key`
+    )
   }
 
   return store
