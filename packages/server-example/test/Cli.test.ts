@@ -50,7 +50,7 @@ describe("scanfleet-server CLI (real child processes, SQLite file)", { timeout: 
   })
 
   it("serve uses what the CLI stored; SIGTERM stops accepting, finishes the request in flight, and exits 0; tokens never reach the logs", async () => {
-    const s = await serve([], { ...env, SCANFLEET_LOG_LEVEL: "debug" })
+    const s = await serve([], { ...env, SCANFLEET_LOG_LEVEL: "debug" }, 150_000)
     servers.push(s)
     const cfg = await (await fetch(`${s.url}/v1/admin/config`, { headers: { authorization: `Bearer ${adminToken}` } })).json()
     expect(cfg).toMatchObject({ version: 1, appliedBy: "ci-test", origin: "applied" })
