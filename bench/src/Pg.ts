@@ -47,6 +47,8 @@ export interface Server {
   readonly statements: (db: string) => Promise<number>
   /** The heaviest statements of one database since the last reset (for the report). */
   readonly topStatements: (db: string, n: number) => Promise<ReadonlyArray<{ calls: number; ms: number; query: string }>>
+  /** topStatements as a Sample's profile: calls per unit of work. */
+  readonly profile: (db: string, units: number) => Promise<ReadonlyArray<{ callsPerUnit: number; ms: number; query: string }>>
   readonly version: string
   readonly stop: () => Promise<void>
 }
@@ -110,6 +112,13 @@ export const start = async (): Promise<Server> => {
         [await oid(db), n]
       )
       return r.rows.map((x) => ({ calls: Number(x.calls), ms: Number(x.ms), query: x.query as string }))
+    },
+    profile: async (db, units) => {
+      const r = await admin.query(
+        "SELECT calls::bigint AS calls, round(total_exec_time::numeric, 1)::float8 AS ms, left(regexp_replace(query, '\\s+', ' ', 'g'), 300) AS query FROM pg_stat_statements WHERE dbid = $1 ORDER BY calls DESC, total_exec_time DESC LIMIT 25",
+        [await oid(db)]
+      )
+      return r.rows.map((x) => ({ callsPerUnit: Number(x.calls) / units, ms: Number(x.ms), query: x.query as string }))
     },
     stop: async () => {
       await admin.end()

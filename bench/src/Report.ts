@@ -8,6 +8,8 @@ export interface Sample {
   readonly statementsPerUnit?: number
   /** Secondary figures of the run (named). */
   readonly extra?: Readonly<Record<string, number | string>>
+  /** The heaviest statements of the measured section, per unit of work (written to the JSON only). */
+  readonly profile?: ReadonlyArray<{ readonly callsPerUnit: number; readonly ms: number; readonly query: string }>
 }
 
 /** One system's runs within a workload. */

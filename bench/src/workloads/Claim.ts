@@ -100,11 +100,12 @@ const scanfleet = (ctx: Ctx, s: Shape, oneDevice = false): Contender => ({
         }
         const secs = since(t0)
         const stmts = await ctx.pg.statements(db.name)
+        const profile = await ctx.pg.profile(db.name, taken)
         if (process.env.BENCH_TRACE) for (const x of await ctx.pg.topStatements(db.name, 25)) ctx.log(`      ${x.calls} calls ${x.ms} ms: ${x.query}`)
         const counts = await sf.run((st) => st.countTargets())
         const done = counts.filter((c) => c.status === "completed").reduce((n, c) => n + c.count, 0)
         if (done !== taken) throw new Error(`verification: ${done} targets completed, expected ${taken}`)
-        return { value: taken / secs, statementsPerUnit: stmts / taken, extra: { "jobs measured": taken } }
+        return { value: taken / secs, statementsPerUnit: stmts / taken, extra: { "jobs measured": taken }, profile }
       } finally {
         await sf.close()
       }

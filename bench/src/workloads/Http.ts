@@ -130,7 +130,7 @@ const run = async (ctx: Ctx, devices: number, seconds: number, backlog: number):
       extra[`${k} p50 ms`] = pct(lat[k], 0.5)
       extra[`${k} p99 ms`] = pct(lat[k], 0.99)
     }
-    return { value: assignments / secs, statementsPerUnit: stmts / assignments, extra }
+    return { value: assignments / secs, statementsPerUnit: stmts / assignments, extra, profile: await ctx.pg.profile(db.name, assignments) }
   } finally {
     if (child && child.exitCode === null) {
       child.kill("SIGTERM")

@@ -152,6 +152,7 @@ const run = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Driver>, p
   const d = await open(db.url)
   try {
     const extra: Record<string, number> = {}
+    let profile: Sample["profile"]
     for (const c of combos) {
       const streams = await d.open(s.streams)
       await ctx.pg.analyze(db.name)
@@ -172,6 +173,7 @@ const run = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Driver>, p
       })
       const secs = since(t0)
       const stmts = await ctx.pg.statements(db.name)
+      if (c === combos[0]) profile = await ctx.pg.profile(db.name, calls)
       // exactly one row per (reservation, sequence), none missing
       let unique = 0
       for (const st of streams) {
@@ -184,7 +186,7 @@ const run = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Driver>, p
       extra[`${key(c)}: stmts/call`] = stmts / calls
     }
     const first = combos[0]
-    return { value: extra[`${key(first)}: events/s`], statementsPerUnit: extra[`${key(first)}: stmts/call`], extra }
+    return { value: extra[`${key(first)}: events/s`], statementsPerUnit: extra[`${key(first)}: stmts/call`], extra, profile }
   } finally {
     await d.close()
     await ctx.pg.dropDb(db.name)
@@ -212,7 +214,11 @@ export const ingest = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
     higherIsBetter: true,
     systems: systems.map((sys) => ({
       ...sys,
-      samples: sys.samples.map((x) => ({ value: Number(x.extra?.[`${key(c)}: events/s`]), statementsPerUnit: Number(x.extra?.[`${key(c)}: stmts/call`]) }))
+      samples: sys.samples.map((x) => ({
+        value: Number(x.extra?.[`${key(c)}: events/s`]),
+        statementsPerUnit: Number(x.extra?.[`${key(c)}: stmts/call`]),
+        profile: c === combos[0] ? x.profile : undefined
+      }))
     })),
     notes: c.batch === 100 && c.dupPercent === 0 ? [...(missing ? [`scanfleet not measured: ${missing}`] : []), "stmts/unit here is statements per batch call; every run verified one stored event per sequence number, none missing"] : []
   }))
