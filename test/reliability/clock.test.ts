@@ -111,7 +111,7 @@ describe("clocks that disagree", () => {
     const timedOut = journal.find((e) => e.phase === "timed_out")!
     const realDeadline = done.assignment.deadlines.targetScan.at
     // Real time, not the skewed one: the timeout lands at the server's deadline (within the watchdog's grace).
-    expect(Math.abs(timedOut.at - realDeadline)).toBeLessThan(1500)
+    expect(Math.abs(timedOut.at - realDeadline)).toBeLessThan(2500)
     expect(done.assignment.outcome).toBe("killed_at_deadline")
     // The server kept the device's `at` as sent and judged nothing by it: deadlines are as issued.
     expect(done.assignment.deadlines.resultUpload.at - done.assignment.issuedAt).toBe(23_000)
