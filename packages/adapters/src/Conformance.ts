@@ -724,6 +724,35 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
           expect(yield* s.listCycles({ limit: 10 })).toEqual([c2, c1])
           expect(yield* s.listCycles({ source: "gitlab", limit: 10 })).toEqual([c1])
         }))
+
+      test("aggregates: assignments by state, outcome and last phase; cycle totals per source", (s) =>
+        Effect.gen(function* () {
+          expect(yield* s.countAssignments()).toEqual([])
+          expect(yield* s.cycleTotals()).toEqual([])
+          const d = yield* addDevice(s, 4, "agg")
+          yield* s.recordObservations(["a", "b", "c", "d"].map((i) => obs("gitlab", i, null)), T0)
+          const a = yield* claimed(s, d.id, 0, T0)
+          const b = yield* claimed(s, d.id, 1, T0)
+          const c = yield* claimed(s, d.id, 2, T0)
+          yield* claimed(s, d.id, 3, T0)
+          yield* s.appendProgress(auth(a, T0 + 1), [{ seq: 1, kind: "phase", phase: "assigned", at: T0 }, { seq: 2, kind: "phase", phase: "scanning", at: T0 + 1 }])
+          yield* s.submitResult({ ...auth(b, T0 + 2), outcome: "killed_at_deadline", finalPhase: "scanning", body: "{}" })
+          yield* s.release(auth(c, T0 + 3))
+          expect(yield* s.countAssignments()).toEqual([
+            { state: "active", source: "gitlab", outcome: null, lastPhase: null, count: 1 },
+            { state: "active", source: "gitlab", outcome: null, lastPhase: "scanning", count: 1 },
+            { state: "failed", source: "gitlab", outcome: "killed_at_deadline", lastPhase: null, count: 1 },
+            { state: "released", source: "gitlab", outcome: null, lastPhase: null, count: 1 }
+          ])
+          const base = { startedAt: T0, endedAt: T0, pages: 1, results: 0, malformed: 0, deferredCount: 0, stopReason: "end_of_listing" as const, error: null }
+          yield* s.recordCycle({ ...base, source: "gitlab", queuedNewCount: 4, queuedUpdatedCount: 0 })
+          yield* s.recordCycle({ ...base, source: "gitlab", queuedNewCount: 1, queuedUpdatedCount: 2 })
+          yield* s.recordCycle({ ...base, source: "github", queuedNewCount: 0, queuedUpdatedCount: 3 })
+          expect(yield* s.cycleTotals()).toEqual([
+            { source: "github", cycles: 1, queuedNewCount: 0, queuedUpdatedCount: 3 },
+            { source: "gitlab", cycles: 2, queuedNewCount: 5, queuedUpdatedCount: 2 }
+          ])
+        }))
     })
 
     if (capabilities.concurrency) {

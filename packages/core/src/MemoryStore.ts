@@ -7,7 +7,7 @@ import * as Percentile from "./Percentile.js"
 import * as PhaseModel from "./PhaseModel.js"
 import * as Promotion from "./Promotion.js"
 import type { Source } from "./Source.js"
-import { Store, type ConfigVersion, type Device, type StoreShape } from "./Store.js"
+import { Store, compareAssignmentCounts, type AssignmentCount, type ConfigVersion, type CycleTotal, type Device, type StoreShape } from "./Store.js"
 import * as Target from "./Target.js"
 import type { Cycle } from "./Discovery.js"
 
@@ -280,6 +280,27 @@ export const make = (): StoreShape => {
           m.set(k, c)
         }
         return [...m.values()].sort((a, b) => a.source.localeCompare(b.source) || a.status.localeCompare(b.status))
+      }),
+
+    countAssignments: () =>
+      Effect.sync(() => {
+        const m = new Map<string, AssignmentCount>()
+        for (const a of assignments.values()) {
+          const k = `${a.state}/${a.source}/${a.outcome ?? ""}/${a.lastPhase ?? ""}`
+          const c = m.get(k)
+          m.set(k, { state: a.state, source: a.source, outcome: a.outcome, lastPhase: a.lastPhase, count: (c?.count ?? 0) + 1 })
+        }
+        return [...m.values()].sort(compareAssignmentCounts)
+      }),
+
+    cycleTotals: () =>
+      Effect.sync(() => {
+        const m = new Map<Source, CycleTotal>()
+        for (const c of cycles) {
+          const t = m.get(c.source) ?? { source: c.source, cycles: 0, queuedNewCount: 0, queuedUpdatedCount: 0 }
+          m.set(c.source, { source: c.source, cycles: t.cycles + 1, queuedNewCount: t.queuedNewCount + c.queuedNewCount, queuedUpdatedCount: t.queuedUpdatedCount + c.queuedUpdatedCount })
+        }
+        return [...m.values()].sort((a, b) => (a.source < b.source ? -1 : a.source > b.source ? 1 : 0))
       }),
 
     recordCycle: (c) =>

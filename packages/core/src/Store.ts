@@ -101,6 +101,29 @@ export interface ConfigVersion {
   readonly appliedAt: number
 }
 
+/** Assignments counted by state, source, outcome and last accepted phase, for dashboards and metrics. */
+export interface AssignmentCount {
+  readonly state: Assignment["state"]
+  readonly source: Source
+  readonly outcome: Outcome | null
+  readonly lastPhase: PhaseModel.Phase | null
+  readonly count: number
+}
+
+/** Discovery totals of one source over every recorded cycle. */
+export interface CycleTotal {
+  readonly source: Source
+  readonly cycles: number
+  readonly queuedNewCount: number
+  readonly queuedUpdatedCount: number
+}
+
+/** The one order of aggregate rows every store returns: by state, source, outcome, then last phase (absent first). */
+export const compareAssignmentCounts = (a: AssignmentCount, b: AssignmentCount): number =>
+  cmp(a.state, b.state) || cmp(a.source, b.source) || cmp(a.outcome ?? "", b.outcome ?? "") || cmp(a.lastPhase ?? "", b.lastPhase ?? "")
+
+const cmp = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0)
+
 /** Store-wide counts for dashboards and metrics. */
 export interface TargetCount {
   readonly source: Source
@@ -143,6 +166,10 @@ export class Store extends Context.Tag("@scanfleet/core/Store")<
     readonly getTarget: (source: Source, identity: string) => Effect.Effect<Target, NotFound | StoreError>
     /** Targets counted by source and status. */
     readonly countTargets: () => Effect.Effect<ReadonlyArray<TargetCount>, StoreError>
+    /** Assignments counted by state, source, outcome and last phase, in `compareAssignmentCounts` order; one aggregate query. */
+    readonly countAssignments: () => Effect.Effect<ReadonlyArray<AssignmentCount>, StoreError>
+    /** Per-source totals over all cycles (queued new and updated), ordered by source; one aggregate query. */
+    readonly cycleTotals: () => Effect.Effect<ReadonlyArray<CycleTotal>, StoreError>
     /** Stores a discovery cycle record. */
     readonly recordCycle: (c: CycleInput) => Effect.Effect<Cycle, StoreError>
     /** Recent cycle records, newest first. */

@@ -173,28 +173,27 @@ const percentiles = Effect.gen(function* () {
 export const summaryData: Effect.Effect<z.infer<typeof WorkerApi.SummaryView>, ApiError, Store.Store> = Effect.gen(function* () {
   const store = yield* Store.Store
   const counts = yield* storeOp(store.countTargets())
-  const cycles = yield* storeOp(store.listCycles({ limit: 100_000 }))
-  const count = (state: Assignment.State) =>
-    storeOp(store.listAssignments({ state, limit: 1_000_000 }))
-  const [active, completed, failed, expired, released] = yield* Effect.all([count("active"), count("completed"), count("failed"), count("expired"), count("released")])
+  const totals = yield* storeOp(store.cycleTotals())
+  const assignments = yield* storeOp(store.countAssignments())
   const byStatus = (s: string) => counts.filter((c) => c.status === s).reduce((n, c) => n + c.count, 0)
+  const inState = (p: (c: Store.AssignmentCount) => boolean) => assignments.filter(p).reduce((n, c) => n + c.count, 0)
   const now = yield* Clock.currentTimeMillis
   return {
     targets: {
-      queuedNew: cycles.reduce((n, c) => n + c.queuedNewCount, 0),
-      queuedUpdated: cycles.reduce((n, c) => n + c.queuedUpdatedCount, 0),
+      queuedNew: totals.reduce((n, t) => n + t.queuedNewCount, 0),
+      queuedUpdated: totals.reduce((n, t) => n + t.queuedUpdatedCount, 0),
       pending: byStatus("pending"),
       inProgress: byStatus("in_progress"),
       completed: byStatus("completed"),
       failed: byStatus("failed")
     },
     assignments: {
-      running: active.length,
-      completed: completed.length,
-      timedOut: [...completed, ...failed].filter((a) => a.outcome === "killed_at_deadline").length,
-      failed: failed.length,
-      expired: expired.length,
-      released: released.length
+      running: inState((c) => c.state === "active"),
+      completed: inState((c) => c.state === "completed"),
+      timedOut: inState((c) => c.outcome === "killed_at_deadline"),
+      failed: inState((c) => c.state === "failed"),
+      expired: inState((c) => c.state === "expired"),
+      released: inState((c) => c.state === "released")
     },
     serverNow: now
   } satisfies z.infer<typeof WorkerApi.SummaryView>

@@ -44,30 +44,22 @@ export const make = (store: Store.StoreShape): Effect.Effect<{ readonly service:
       labelNames: ["source", "phase"] as const,
       registers: [registry],
       async collect() {
-        const rows = await run(store.listAssignments({ state: "active", limit: 100_000 }).pipe(Effect.orElseSucceed(() => [])))
+        const rows = await run(store.countAssignments().pipe(Effect.orElseSucceed(() => [])))
         this.reset()
-        const counts = new Map<string, number>()
-        for (const a of rows) {
-          const k = `${a.source}\u0000${a.lastPhase ?? "none"}`
-          counts.set(k, (counts.get(k) ?? 0) + 1)
-        }
-        for (const [k, n] of counts) {
-          const [source, phase] = k.split("\u0000")
-          this.set({ source, phase }, n)
-        }
+        for (const r of rows) if (r.state === "active") this.inc({ source: r.source, phase: r.lastPhase ?? "none" }, r.count)
       }
     })
     new Gauge({
       name: "scanfleet_discovery_queued_targets",
-      help: "Targets queued by the last 1000 recorded discovery cycles of any instance, per source and kind (new admissions, updated promotions).",
+      help: "Targets queued by every recorded discovery cycle of any instance, per source and kind (new admissions, updated promotions).",
       labelNames: ["source", "kind"] as const,
       registers: [registry],
       async collect() {
-        const cycles = await run(store.listCycles({ limit: 1000 }).pipe(Effect.orElseSucceed(() => [])))
+        const totals = await run(store.cycleTotals().pipe(Effect.orElseSucceed(() => [])))
         this.reset()
-        for (const c of cycles) {
-          this.inc({ source: c.source, kind: "new" }, c.queuedNewCount)
-          this.inc({ source: c.source, kind: "updated" }, c.queuedUpdatedCount)
+        for (const t of totals) {
+          this.set({ source: t.source, kind: "new" }, t.queuedNewCount)
+          this.set({ source: t.source, kind: "updated" }, t.queuedUpdatedCount)
         }
       }
     })

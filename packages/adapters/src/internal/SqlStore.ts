@@ -1,6 +1,6 @@
 import { SqlClient } from "@effect/sql"
 import { Effect, Either, Schedule } from "effect"
-import { Assignment, Claim, Deadline, Errors, Percentile, Source, type Store } from "@scanfleet/core"
+import { Assignment, Claim, Deadline, Errors, Percentile, Source, Store } from "@scanfleet/core"
 import * as Codec from "./Codec.js"
 import * as Rules from "./Rules.js"
 import { mapped } from "./SqlErrors.js"
@@ -250,6 +250,34 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
           rows
             .map((r) => ({ source: r.source as Store.TargetCount["source"], status: r.status as Store.TargetCount["status"], count: Number(r.n) }))
             .sort((a, b) => byText(a.source, b.source) || byText(a.status, b.status))
+        )
+      ),
+
+    countAssignments: () =>
+      mapped(
+        Effect.map(sql<Row>`SELECT state, source, outcome, last_phase, count(*) AS n FROM assignments GROUP BY state, source, outcome, last_phase`, (rows) =>
+          rows
+            .map(
+              (r): Store.AssignmentCount => ({
+                state: r.state as Store.AssignmentCount["state"],
+                source: r.source as Store.AssignmentCount["source"],
+                outcome: (r.outcome ?? null) as Store.AssignmentCount["outcome"],
+                lastPhase: (r.last_phase ?? null) as Store.AssignmentCount["lastPhase"],
+                count: Number(r.n)
+              })
+            )
+            .sort(Store.compareAssignmentCounts)
+        )
+      ),
+
+    cycleTotals: () =>
+      mapped(
+        Effect.map(
+          sql<Row>`SELECT source, count(*) AS n, sum(queued_new_count) AS new_count, sum(queued_updated_count) AS updated_count FROM cycles GROUP BY source`,
+          (rows) =>
+            rows
+              .map((r): Store.CycleTotal => ({ source: r.source as Store.CycleTotal["source"], cycles: Number(r.n), queuedNewCount: Number(r.new_count), queuedUpdatedCount: Number(r.updated_count) }))
+              .sort((a, b) => byText(a.source, b.source))
         )
       ),
 

@@ -24,6 +24,8 @@ export const traced = (inner: Store.StoreShape): Store.StoreShape => {
     timeline: wrap("timeline", inner.timeline),
     getTarget: wrap("getTarget", inner.getTarget),
     countTargets: wrap("countTargets", inner.countTargets),
+    countAssignments: wrap("countAssignments", inner.countAssignments),
+    cycleTotals: wrap("cycleTotals", inner.cycleTotals),
     recordCycle: wrap("recordCycle", inner.recordCycle),
     listCycles: wrap("listCycles", inner.listCycles),
     recordDurations: wrap("recordDurations", inner.recordDurations),
