@@ -25,6 +25,8 @@ const dir = mkdtempSync(join(tmpdir(), "scanfleet-worker-crash-"))
 const parkDir = join(dir, "release")
 mkdirSync(parkDir)
 const runner = fileURLToPath(new URL("./fixtures/parking-runner.mjs", import.meta.url))
+const holdUnit = fileURLToPath(new URL("./fixtures/hold-unit.cjs", import.meta.url))
+const freezeAfter = fileURLToPath(new URL("./fixtures/freeze-after-phase.cjs", import.meta.url))
 let server: ServerProc
 const procs: Array<Proc> = []
 
@@ -64,19 +66,28 @@ const seed = async (identity: string) => {
 
 const strip = (e: LocalState.JournalEntry) => ({ seq: e.seq, kind: e.kind, phase: e.phase, at: e.at, detail: e.detail })
 
-const parkable = ["permit_wait", "preparing", "acquiring", "scanning", "filtering", "cleanup", "staging", "awaiting_receipt"] as const
+const phases = ["assigned", "permit_wait", "preparing", "acquiring", "scanning", "filtering", "cleanup", "staging", "bundling", "uploading", "awaiting_receipt"] as const
+/** Phases the controller writes back to back: it is frozen right after committing one, then killed. */
+const frozen: ReadonlyArray<string> = ["bundling", "uploading"]
 
 describe("kill -9 of the worker controller at every phase", () => {
-  it.each(parkable)("killed during %s: one recovered event, nothing duplicated or reordered, no orphan, the assignment ends with evidence", async (phase) => {
+  it.each(phases)("killed during %s: one recovered event, nothing duplicated or reordered, no orphan, the assignment ends with evidence", async (phase) => {
     // Parked in cleanup, then released with the network down, the controller ends up awaiting its receipt.
-    const identity = `crash/park-${phase === "awaiting_receipt" ? "cleanup" : phase}-${Date.now()}`
+    const identity = frozen.includes(phase) ? `crash/straight-${phase}-${Date.now()}` : `crash/park-${phase === "awaiting_receipt" ? "cleanup" : phase}-${Date.now()}`
     await seed(identity)
     const device = await addDevice(server.url, `crash-${phase}`, 1)
     const state = join(dir, `${phase}.db`)
     const proxy = await Proxy.start(server.url)
     const env = { SCANFLEET_PARK_DIR: parkDir }
     const scanner = `module:${runner}`
-    const first = await startWorker({ server: proxy.url, token: device.token, state, scanner, permits: phase === "permit_wait" ? 0 : 1, env })
+    // In "assigned" the unit is held before its first line; the restarted controller runs without the hold.
+    const firstEnv =
+      phase === "assigned"
+        ? { ...env, NODE_OPTIONS: `--require ${holdUnit}`, SCANFLEET_HOLD_UNIT: join(parkDir, "never") }
+        : frozen.includes(phase)
+          ? { ...env, NODE_OPTIONS: `--require ${freezeAfter}`, SCANFLEET_FREEZE_AFTER_PHASE: phase }
+          : env
+    const first = await startWorker({ server: proxy.url, token: device.token, state, scanner, permits: phase === "permit_wait" ? 0 : 1, env: firstEnv })
     procs.push(first)
     const release = join(parkDir, identity.replace(/[^a-zA-Z0-9_-]/g, "_"))
     if (phase === "awaiting_receipt") {
@@ -88,13 +99,16 @@ describe("kill -9 of the worker controller at every phase", () => {
     const during = await until(`the controller to reach ${phase}`, () =>
       peek(state, async (s) => {
         const [a] = await s.assignments({ open: true })
-        return a && a.phase === phase && (phase === "awaiting_receipt" || a.runner) ? { a, journal: await s.journal(a.reservationId) } : null
+        const unitGone = phase === "awaiting_receipt" || frozen.includes(phase)
+        return a && a.phase === phase && (unitGone || a.runner) ? { a, journal: await s.journal(a.reservationId) } : null
       })
     )
     const id = during.a.reservationId
     const pgid = during.a.runner?.pgid ?? null
     first.child.kill("SIGKILL")
     await first.exited
+    // The held unit cannot notice its controller died: it is an orphan until the restart's recovery.
+    if (phase === "assigned") expect(ProcessTree.members(pgid!).length).toBeGreaterThan(0)
     await proxy.up()
 
     const second = await startWorker({ server: proxy.url, token: device.token, state, scanner, env })
@@ -131,7 +145,8 @@ describe("kill -9 of the worker controller at every phase", () => {
 
     // The assignment ended with evidence: what ran last and how it ended.
     expect(["completed", "failed"]).toContain(ended.assignment.state)
-    if (phase === "awaiting_receipt") {
+    if (phase === "awaiting_receipt" || frozen.includes(phase)) {
+      // The staged result survived the crash: the upload stage resumes and delivers it.
       expect(ended.assignment.outcome).toBe("clean")
       expect(ended.assignment.finalPhase).toBe("staging")
     } else {
