@@ -140,6 +140,8 @@ describe("network faults between a worker and its server", () => {
     const local = await peek(t.state, async (s) => ({ a: await s.assignment(a.reservationId), r: await s.result(a.reservationId), j: await s.journal(a.reservationId) }))
     expect(local.r?.delivery === "abandoned" || local.r?.delivery === "refused").toBe(true)
     expect(local.a?.receipt).toBeNull()
+    expect(t.w.output()).not.toContain(t.d.token)
+    expect(t.w.output()).toContain("retry")
   })
 
   it("answers lost after the server committed (progress and result): the worker retries and gets the original acceptance and receipt; nothing is stored twice", async () => {
@@ -168,5 +170,7 @@ describe("network faults between a worker and its server", () => {
     const journal = await peek(state, (s) => s.journal(rec.reservationId))
     expect(x.timeline.map((e: { seq: number }) => e.seq)).toEqual(journal.filter((e) => e.delivery !== "local").map((e) => e.seq))
     expect(x.assignment.state).toBe("completed")
+    // The device's own logs (retries included) never show its token.
+    expect(w.output()).not.toContain(d.token)
   })
 })
