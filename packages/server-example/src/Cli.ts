@@ -1,9 +1,11 @@
-import { NodeRuntime } from "@effect/platform-node"
+import { NodeHttpClient, NodeRuntime } from "@effect/platform-node"
 import { Config, Store } from "@scanfleet/core"
 import { Clock, Effect, Either, Layer } from "effect"
 import { readFileSync } from "node:fs"
 import * as Database from "./Database.js"
+import * as Scheduler from "./Scheduler.js"
 import * as Server from "./Server.js"
+import * as Sources from "./Sources.js"
 import * as ServerConfig from "./ServerConfig.js"
 import * as Tokens from "./Tokens.js"
 
@@ -22,6 +24,8 @@ Options:
   --database URL       sqlite:<path> (default sqlite:./scanfleet.db), postgres://..., or memory:
   --host HOST          listen address (default 127.0.0.1)
   --port PORT          listen port (default 8080; 0 picks a free one)
+  --sources FILE       serve: run discovery from this sources file (also SCANFLEET_SOURCES_FILE);
+                       tokens from GITHUB_TOKEN, GITLAB_TOKEN, HF_TOKEN, DOCKERHUB_USERNAME/DOCKERHUB_TOKEN
 
 Environment: SCANFLEET_DATABASE_URL, SCANFLEET_HOST, SCANFLEET_PORT, SCANFLEET_ADMIN_TOKEN,
 SCANFLEET_SWEEP_INTERVAL_MS, SCANFLEET_POOL_SIZE, SCANFLEET_LOG_LEVEL. The admin token is required by serve.`
@@ -102,7 +106,16 @@ export const main = async (argv: ReadonlyArray<string>, env: Record<string, stri
     const cmd = words.join(" ")
     if (words[0] === "serve") {
       const config = settings(flags, env, true)
-      const live = Server.layer(config).pipe(Layer.provide(Database.layer(config.databaseUrl, { poolSize: config.poolSize })))
+      const sourcesFile = flags.get("sources") ?? env.SCANFLEET_SOURCES_FILE
+      const server = Server.layer(config)
+      // With a sources file the scheduler runs beside the server and writes through its (counted) store.
+      const withDiscovery = sourcesFile
+        ? Layer.unwrapEffect(Effect.map(Sources.schedules(Sources.load(sourcesFile), env), Scheduler.layer)).pipe(
+            Layer.provide(NodeHttpClient.layerUndici),
+            Layer.provideMerge(server)
+          )
+        : server
+      const live = withDiscovery.pipe(Layer.provide(Database.layer(config.databaseUrl, { poolSize: config.poolSize })))
       // runMain interrupts on SIGINT/SIGTERM: the listener stops, requests in flight finish, the pool closes.
       NodeRuntime.runMain(Layer.launch(live).pipe(Effect.tapErrorCause((c) => Effect.logError("server failed", c)), Effect.provide(Server.logger(config.logLevel))), {
         disableErrorReporting: true,
@@ -155,7 +168,7 @@ export const main = async (argv: ReadonlyArray<string>, env: Record<string, stri
       console.error(`${e.message}\n\n${usage}`)
       return 2
     }
-    if (e instanceof ServerConfig.ServerConfigError) {
+    if (e instanceof ServerConfig.ServerConfigError || e instanceof Sources.SourcesFileError) {
       console.error(e.message)
       return 2
     }

@@ -1,3 +1,4 @@
+import { FakeSources } from "@scanfleet/adapters"
 import { Config } from "@scanfleet/core"
 import { writeFileSync } from "node:fs"
 import { request } from "node:http"
@@ -90,5 +91,37 @@ describe("scanfleet-server CLI (real child processes, SQLite file)", { timeout: 
     expect(log).not.toContain(deviceToken)
     expect(log).not.toContain(adminToken)
     for (const line of log.split("\n").filter((l) => l.trim() !== "")) expect(() => JSON.parse(line), line).not.toThrow()
+  })
+
+  it("serve --sources FILE runs discovery beside the server; a sources file naming no source is refused", async () => {
+    const dir = dirname(db.url.replace(/^sqlite:/, ""))
+    const empty = join(dir, "no-sources.json")
+    writeFileSync(empty, JSON.stringify({ intervalMinutes: 1 }))
+    const refused = await runCli(["serve", "--sources", empty], env)
+    expect(refused.code).toBe(2)
+    expect(refused.stderr).toContain("names no source")
+
+    const fakes = await FakeSources.start()
+    try {
+      fakes.gitlab.put("group/alpha", Date.now() - 60_000)
+      fakes.gitlab.put("group/beta", Date.now() - 120_000)
+      const file = join(dir, "sources.json")
+      writeFileSync(file, JSON.stringify({ gitlab: { baseUrl: fakes.gitlab.url }, intervalMinutes: 0.05, limits: { maxPages: 2, maxResults: 50 } }))
+      const s = await serve(["--sources", file], { ...env, GITLAB_TOKEN: "glpat-secret-value-123" }, 150_000)
+      servers.push(s)
+      let cycles: Array<{ source: string; queuedNewCount: number }> = []
+      for (let i = 0; i < 300 && !cycles.some((c) => c.source === "gitlab"); i++) {
+        await new Promise((r) => setTimeout(r, 100))
+        cycles = ((await (await fetch(`${s.url}/v1/admin/cycles`, { headers: { authorization: `Bearer ${adminToken}` } })).json()) as { cycles: typeof cycles }).cycles
+      }
+      const gitlab = cycles.filter((c) => c.source === "gitlab")
+      expect(gitlab.length).toBeGreaterThan(0)
+      expect(gitlab.reduce((n, c) => n + c.queuedNewCount, 0)).toBe(2)
+      s.child.kill("SIGTERM")
+      expect(await s.exited).toBe(0)
+      expect(s.output()).not.toContain("glpat-secret-value-123")
+    } finally {
+      await fakes.close()
+    }
   })
 })

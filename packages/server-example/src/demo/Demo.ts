@@ -10,6 +10,7 @@ import * as AdminRoutes from "../AdminRoutes.js"
 import * as Database from "../Database.js"
 import * as Scheduler from "../Scheduler.js"
 import * as Server from "../Server.js"
+import * as Sources from "../Sources.js"
 import * as ServerConfig from "../ServerConfig.js"
 import * as Tokens from "../Tokens.js"
 import * as Catalogue from "./Catalogue.js"
@@ -38,33 +39,9 @@ export const demoConfig: Config.ManagedConfig = {
 }
 
 /** Where the public APIs are listed when the demo is pointed at them; tokens come from the environment. */
-export const PublicSourcesSchema = z
-  .object({
-    github: z
-      .object({
-        listings: z.array(
-          z.union([
-            z.object({ kind: z.literal("search"), query: z.string().min(1) }).strict(),
-            z.object({ kind: z.literal("org"), org: z.string().min(1) }).strict(),
-            z.object({ kind: z.literal("user"), user: z.string().min(1) }).strict()
-          ])
-        ).min(1),
-        baseUrl: z.string().url().optional()
-      })
-      .strict()
-      .optional(),
-    gitlab: z.object({ baseUrl: z.string().url().optional(), params: z.record(z.string(), z.string()).optional() }).strict().optional(),
-    huggingface: z
-      .object({ kinds: z.array(z.enum(["models", "datasets", "spaces"])).min(1).optional(), params: z.record(z.string(), z.string()).optional(), baseUrl: z.string().url().optional() })
-      .strict()
-      .optional(),
-    dockerhub: z.object({ namespaces: z.array(z.string().min(1)).min(1), baseUrl: z.string().url().optional() }).strict().optional(),
-    /** Minutes between two cycles of one source (default 5). */
-    intervalMinutes: z.number().min(0.05).max(1440).optional()
-  })
-  .strict()
+export const PublicSourcesSchema = Sources.SourcesFileSchema
 /** The public-API sources file. */
-export type PublicSources = z.infer<typeof PublicSourcesSchema>
+export type PublicSources = Sources.SourcesFile
 
 /** Demo options. */
 export interface Options {
@@ -132,27 +109,6 @@ const fakeSchedules = (fakes: FakeSources.FakeSources) =>
     ]
   })
 
-// Only the settings given are passed on, so each client keeps its own defaults for the rest.
-const given = <A extends object>(a: A): Partial<A> => Object.fromEntries(Object.entries(a).filter(([, v]) => v !== undefined && v !== "")) as Partial<A>
-
-const publicSchedules = (s: PublicSources, env: Record<string, string | undefined>) =>
-  Effect.gen(function* () {
-    const limits = { maxPages: 3, maxResults: 300 }
-    const intervalMs = Math.round((s.intervalMinutes ?? 5) * 60_000)
-    const every = (client: Scheduler.SourceSchedule["client"]): Scheduler.SourceSchedule => ({ client, intervalMs, jitterMs: Math.round(intervalMs / 10), limits })
-    const out: Array<Scheduler.SourceSchedule> = []
-    if (s.github) out.push(every(yield* GitHub.make({ listings: s.github.listings, ...given({ baseUrl: s.github.baseUrl, token: env.GITHUB_TOKEN }) })))
-    if (s.gitlab) out.push(every(yield* GitLab.make(given({ baseUrl: s.gitlab.baseUrl, params: s.gitlab.params, token: env.GITLAB_TOKEN }))))
-    if (s.huggingface)
-      out.push(every(yield* HuggingFace.make(given({ baseUrl: s.huggingface.baseUrl, kinds: s.huggingface.kinds, params: s.huggingface.params, token: env.HF_TOKEN }))))
-    if (s.dockerhub)
-      out.push(
-        every(yield* DockerHub.make({ namespaces: s.dockerhub.namespaces, ...given({ baseUrl: s.dockerhub.baseUrl, username: env.DOCKERHUB_USERNAME, token: env.DOCKERHUB_TOKEN }) }))
-      )
-    if (out.length === 0) throw new Error("the sources file names no source: give at least one of github, gitlab, huggingface, dockerhub")
-    return out
-  })
-
 /** The managed configuration for a run: the demo's seconds against the fakes; against the public APIs, cooldowns of a day. */
 export const configFor = (sources: Options["sources"]): Config.ManagedConfig => {
   if (sources === undefined || sources.kind === "fake") return demoConfig
@@ -213,7 +169,7 @@ export const start = async (opts: Options): Promise<Running> => {
       sweepIntervalMs: 500,
       logLevel: "info"
     })
-    const schedules = sources.kind === "public" ? publicSchedules(sources.settings, sources.env) : fakeSchedules(fakes!)
+    const schedules = sources.kind === "public" ? Sources.schedules(sources.settings, sources.env) : fakeSchedules(fakes!)
     const discovery = Layer.unwrapEffect(Effect.map(schedules, Scheduler.layer)).pipe(Layer.provide(NodeHttpClient.layerUndici))
     const live = discovery.pipe(Layer.provideMerge(Server.layer(config)), Layer.provide(Database.layer(config.databaseUrl, { poolSize: 4 })))
     const rt = ManagedRuntime.make(live)
