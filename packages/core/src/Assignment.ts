@@ -4,6 +4,7 @@ import type { Deadlines } from "./Deadline.js"
 import * as PhaseModel from "./PhaseModel.js"
 import type { Metric } from "./Percentile.js"
 import type { Source } from "./Source.js"
+import type { Target } from "./Target.js"
 
 /** Typed scanner outcomes. `killed_at_deadline` names the phase that was running. */
 export const outcomes = ["clean", "findings", "scan_error", "unsupported", "usage", "killed_at_deadline"] as const
@@ -48,6 +49,34 @@ export interface Assignment extends Deadlines {
   readonly endedAt: number | null
   readonly expiry: ExpiryEvidence | null
 }
+
+/**
+ * A fresh reservation of a just-claimed target (its fence and covered snapshot
+ * already taken), with the deadlines and policy fixed at issuance.
+ */
+export const issued = (
+  t: Target,
+  holder: { readonly reservationId: number; readonly deviceId: number; readonly slot: number },
+  policy: EffectivePolicy,
+  deadlines: Deadlines
+): Assignment => ({
+  ...deadlines,
+  ...holder,
+  targetId: t.id,
+  source: t.source,
+  identity: t.identity,
+  fence: t.fence,
+  policy,
+  coveredRemoteAt: t.coveredRemoteAt,
+  state: "active",
+  lastPhase: null,
+  lastSeq: 0,
+  lastProgressAt: null,
+  outcome: null,
+  finalPhase: null,
+  endedAt: null,
+  expiry: null
+})
 
 /** The server's acknowledgement that a result was accepted. */
 export interface Receipt {

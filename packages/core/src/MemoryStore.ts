@@ -117,26 +117,7 @@ export const make = (): StoreShape => {
         const t = claimed.right
         targets.set(t.id, t)
         const { policy, deadlines } = Deadline.issueFor(req.config, t.source, req.now)
-        const a: Assignment.Assignment = {
-          ...deadlines,
-          reservationId: nextReservation++,
-          targetId: t.id,
-          source: t.source,
-          identity: t.identity,
-          deviceId: req.deviceId,
-          slot: req.slot,
-          fence: t.fence,
-          policy,
-          coveredRemoteAt: t.coveredRemoteAt,
-          state: "active",
-          lastPhase: null,
-          lastSeq: 0,
-          lastProgressAt: null,
-          outcome: null,
-          finalPhase: null,
-          endedAt: null,
-          expiry: null
-        }
+        const a = Assignment.issued(t, { reservationId: nextReservation++, deviceId: req.deviceId, slot: req.slot }, policy, deadlines)
         assignments.set(a.reservationId, a)
         events.set(a.reservationId, [])
         return Effect.succeed(a)

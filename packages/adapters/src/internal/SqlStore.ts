@@ -92,27 +92,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
             VALUES (${t.id}, ${t.source}, ${t.identity}, ${req.deviceId}, ${req.slot}, ${t.fence}, ${jsonParam(policy)}, ${t.coveredRemoteAt},
               ${deadlines.issuedAt}, ${deadlines.scanDeadline}, ${deadlines.uploadDeadline}, ${deadlines.expiresAt}, 'active')
             RETURNING reservation_id`
-          const a: Assignment.Assignment = {
-            ...deadlines,
-            reservationId: Number(reservation_id),
-            targetId: t.id,
-            source: t.source,
-            identity: t.identity,
-            deviceId: req.deviceId,
-            slot: req.slot,
-            fence: t.fence,
-            policy,
-            coveredRemoteAt: t.coveredRemoteAt,
-            state: "active",
-            lastPhase: null,
-            lastSeq: 0,
-            lastProgressAt: null,
-            outcome: null,
-            finalPhase: null,
-            endedAt: null,
-            expiry: null
-          }
-          return a
+          return Assignment.issued(t, { reservationId: Number(reservation_id), deviceId: req.deviceId, slot: req.slot }, policy, deadlines)
         })
       ),
 
