@@ -27,7 +27,7 @@ beforeAll(async () => {
   device = await addDevice(server.url, "fuzzed", 4)
   const c = await call(server.url, "POST", "/v1/assignments/claim", { token: device.token, body: { slot: 0 } })
   live = c.body.assignment
-}, 120_000)
+}, 240_000)
 
 afterAll(async () => {
   await store?.close()

@@ -7,7 +7,7 @@ import { mkdirSync, mkdtempSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
-import { afterAll, afterEach, beforeAll, describe, expect, inject, it } from "vitest"
+import { afterAll, afterEach, beforeAll, describe, expect, inject, it, vi } from "vitest"
 import { addDevice, applyConfig, storeOn } from "./support/Fleet.js"
 import { adminToken, call, database, marked, type Proc, type ServerProc, startServer, startWorker, until } from "./support/Procs.js"
 import * as Proxy from "./support/Proxy.js"
@@ -22,6 +22,9 @@ import * as Proxy from "./support/Proxy.js"
  * database) never accept a result after the other has expired the reservation.
  */
 
+// Each test starts real processes; on a loaded machine that alone can take a minute.
+vi.setConfig({ testTimeout: 180_000 })
+
 const dir = mkdtempSync(join(tmpdir(), "scanfleet-clock-"))
 const parkDir = join(dir, "release")
 mkdirSync(parkDir)
@@ -34,7 +37,7 @@ const HOUR = 3_600_000
 beforeAll(async () => {
   server = await startServer({ databaseUrl: `sqlite:${join(dir, "server.db")}`, logLevel: "warning", sweepIntervalMs: 100 })
   await applyConfig(server.url, { scan: 3, upload: 20, ttl: 30 })
-}, 120_000)
+}, 240_000)
 
 afterEach(async () => {
   for (const p of procs.splice(0)) await p.kill("SIGKILL")
@@ -153,7 +156,7 @@ describe("two server instances with clocks apart by less than the handoff margin
   beforeAll(async () => {
     db = await database(inject("pgUrl"))
     store = storeOn(db.url)
-  }, 60_000)
+  }, 240_000)
   afterAll(async () => {
     await store?.close()
     await db?.drop()

@@ -33,7 +33,7 @@ const runtimes: Array<ManagedRuntime.ManagedRuntime<Store.Store, unknown>> = []
 beforeAll(async () => {
   fakes = await FakeSources.start()
   db = await database(inject("pgUrl"))
-}, 60_000)
+}, 240_000)
 
 afterAll(async () => {
   for (const rt of runtimes) await rt.dispose()

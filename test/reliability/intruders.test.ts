@@ -52,7 +52,7 @@ beforeAll(async () => {
   orphaned = await claimAs(revoked.token, 0)
   const rv = await call(server.url, "DELETE", `/v1/admin/devices/${revoked.id}`, { token: adminToken })
   expect(rv.status).toBe(200)
-}, 120_000)
+}, 240_000)
 
 afterAll(async () => {
   await store?.close()

@@ -24,7 +24,7 @@ beforeAll(async () => {
   for (let i = 0; i < 2; i++) servers.push(await startServer({ databaseUrl: db.url, logLevel: "warning", poolSize: 10, sweepIntervalMs: 500 }))
   store = storeOn(db.url)
   await applyConfig(servers[0].url, { scan: 600, upload: 120, ttl: 900 })
-}, 120_000)
+}, 240_000)
 
 afterAll(async () => {
   await store?.close()

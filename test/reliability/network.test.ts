@@ -6,7 +6,7 @@ import { mkdirSync, mkdtempSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
-import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
+import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest"
 import { addDevice, applyConfig } from "./support/Fleet.js"
 import { adminToken, call, marked, type Proc, type ServerProc, startServer, startWorker, until } from "./support/Procs.js"
 import * as Proxy from "./support/Proxy.js"
@@ -18,6 +18,9 @@ import * as Proxy from "./support/Proxy.js"
  * to requests the server has already committed.
  */
 
+// Each test starts real processes; on a loaded machine that alone can take a minute.
+vi.setConfig({ testTimeout: 180_000 })
+
 const dir = mkdtempSync(join(tmpdir(), "scanfleet-network-"))
 const parkDir = join(dir, "release")
 mkdirSync(parkDir)
@@ -28,7 +31,7 @@ const proxies: Array<Proxy.Proxy> = []
 
 beforeAll(async () => {
   server = await startServer({ databaseUrl: `sqlite:${join(dir, "server.db")}`, logLevel: "warning", sweepIntervalMs: 100 })
-}, 120_000)
+}, 240_000)
 
 afterEach(async () => {
   for (const p of procs.splice(0)) await p.kill("SIGKILL")

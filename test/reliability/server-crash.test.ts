@@ -1,7 +1,7 @@
 import { mkdtempSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { afterAll, beforeAll, describe, expect, inject, it } from "vitest"
+import { afterAll, beforeAll, describe, expect, inject, it, vi } from "vitest"
 import { addDevice, applyConfig, storeOn } from "./support/Fleet.js"
 import { violations } from "./support/Invariants.js"
 import { adminToken, type Answer, call, database, marked, type ServerProc, startServer, until, withPg } from "./support/Procs.js"
@@ -16,6 +16,9 @@ import { adminToken, type Answer, call, database, marked, type ServerProc, start
  * reordered, a resubmitted result answered with its original receipt.
  */
 
+// Each test starts real processes; on a loaded machine that alone can take a minute.
+vi.setConfig({ testTimeout: 180_000 })
+
 let db: Awaited<ReturnType<typeof database>>
 let store: ReturnType<typeof storeOn>
 const servers: Array<ServerProc> = []
@@ -26,7 +29,7 @@ beforeAll(async () => {
   servers.push(await startServer({ databaseUrl: db.url, logLevel: "warning", poolSize: 8 }), await startServer({ databaseUrl: db.url, logLevel: "warning", poolSize: 8 }))
   store = storeOn(db.url)
   await applyConfig(servers[0].url, { scan: 600, upload: 120, ttl: 900 })
-}, 120_000)
+}, 240_000)
 
 afterAll(async () => {
   await store?.close()

@@ -6,7 +6,7 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
-import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
+import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest"
 import { addDevice, applyConfig } from "./support/Fleet.js"
 import { adminToken, call, marked, type Proc, type ServerProc, startServer, startWorker, until } from "./support/Procs.js"
 import * as Proxy from "./support/Proxy.js"
@@ -21,6 +21,9 @@ import * as Proxy from "./support/Proxy.js"
  * server with its evidence (outcome and final phase).
  */
 
+// Each test starts real processes; on a loaded machine that alone can take a minute.
+vi.setConfig({ testTimeout: 180_000 })
+
 const dir = mkdtempSync(join(tmpdir(), "scanfleet-worker-crash-"))
 const parkDir = join(dir, "release")
 mkdirSync(parkDir)
@@ -33,7 +36,7 @@ const procs: Array<Proc> = []
 beforeAll(async () => {
   server = await startServer({ databaseUrl: `sqlite:${join(dir, "server.db")}`, logLevel: "warning", sweepIntervalMs: 200 })
   await applyConfig(server.url, { scan: 60, upload: 30, ttl: 120 })
-}, 120_000)
+}, 240_000)
 
 afterEach(async () => {
   for (const p of procs.splice(0)) await p.kill("SIGKILL")

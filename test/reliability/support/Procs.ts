@@ -149,7 +149,8 @@ export const startServer = async (opts: { readonly databaseUrl: string; readonly
         if (!p.alive()) throw new Error(`the server exited before listening:\n${p.output()}`)
         return fetch(`${url}/healthz`).then((r) => r.ok, () => false)
       },
-      60_000,
+      // A loaded CI machine can take minutes to start a process; the hooks allow for it.
+      150_000,
       50
     )
   } catch (e) {
