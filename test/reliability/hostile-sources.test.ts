@@ -8,7 +8,7 @@ import { mkdtempSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, inject, it } from "vitest"
-import { database } from "./support/Procs.js"
+import { database, withPg } from "./support/Procs.js"
 
 /**
  * Hostile discovery input through the real source clients, served by the fake
@@ -47,7 +47,6 @@ let nth = 0
 const stores: Record<"postgres" | "sqlite", () => Promise<Store.StoreShape>> = {
   postgres: async () => {
     const schema = `hostile_${++nth}`
-    const { withPg } = await import("./support/Procs.js")
     await withPg(db.url, (c) => c.query(`CREATE SCHEMA ${schema}`))
     const u = new URL(db.url)
     u.searchParams.set("options", `-c search_path=${schema}`)
