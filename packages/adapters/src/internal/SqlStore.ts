@@ -129,7 +129,10 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
       ),
 
     submitResult: (input) =>
-      transaction(
+      Effect.flatMap(isPg ? submitFast(input) : Effect.succeed(null), (fast) =>
+        fast !== null
+          ? Effect.succeed(fast)
+          : transaction(
         Effect.gen(function* () {
           const a = yield* authorized(input)
           const prior = yield* sql<Row>`SELECT * FROM results WHERE reservation_id = ${a.reservationId}`
@@ -154,6 +157,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
             final_phase = ${input.finalPhase}, ended_at = ${input.now} WHERE reservation_id = ${a.reservationId}`
           return receipt
         })
+      )
       ),
 
     release: (auth) =>
@@ -391,6 +395,70 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         isId(id) ? mapped(sql<Row>`UPDATE devices SET revoked_at = COALESCE(revoked_at, ${now}) WHERE id = ${id} RETURNING id`) : Effect.succeed([]),
         (rows) => (rows.length === 0 ? Effect.fail(new Errors.NotFound({ entity: "device", key: String(id) })) : Effect.void)
       )
+  }
+
+  // Postgres: the common accepted result in one statement. The locked reservation row
+  // gates every write; its version must equal the one in the statement's snapshot, so the
+  // timeline read for durations is current (progress is only stored under that row's lock
+  // together with an update of it). Any miss (refusal, repeat, race) yields null and the
+  // transactional path decides, with its exact reason.
+  function submitFast(input: Store.ResultInput): Effect.Effect<Assignment.Receipt | null, Errors.StoreError> {
+    if (![input.reservationId, input.deviceId, input.fence, input.now].every(isId)) return Effect.succeed(null)
+    const status = Assignment.targetStatusAfter(input.outcome)
+    const receipt: Assignment.Receipt = {
+      receiptId: `rc-${input.reservationId}-${input.fence}`,
+      reservationId: input.reservationId,
+      outcome: input.outcome,
+      acceptedAt: input.now
+    }
+    const now = sql`${input.now}::bigint`
+    const outcome = sql`${input.outcome}::text`
+    const setTarget = status === "completed" ? sql`status = 'completed', completed_at = ${now}` : sql`status = ${status}::text`
+    return retryConflicts(
+      mapped(
+        Effect.map(
+          sql<{ reservation_id: number }>`
+            WITH locked AS (
+              SELECT reservation_id, target_id, source, issued_at, fence, xmin::text AS v FROM assignments
+              WHERE reservation_id = ${input.reservationId}::bigint AND device_id = ${input.deviceId}::bigint AND fence = ${input.fence}::bigint
+                AND state = 'active' AND expires_at > ${now} AND upload_deadline >= ${now}
+              FOR UPDATE
+            ), a AS (
+              SELECT l.* FROM locked l JOIN assignments s ON s.reservation_id = l.reservation_id AND s.xmin::text = l.v
+            ), t AS (
+              UPDATE targets SET ${setTarget} FROM a
+              WHERE targets.id = a.target_id AND targets.status = 'in_progress' AND targets.fence = a.fence
+              RETURNING a.reservation_id, a.source, a.issued_at
+            ), r AS (
+              INSERT INTO results (reservation_id, receipt_id, outcome, accepted_at, body)
+              SELECT reservation_id, ${receipt.receiptId}::text, ${outcome}, ${now}, ${input.body}::text FROM t
+            ), u AS (
+              UPDATE assignments SET state = ${status === "completed" ? "completed" : "failed"}::text, outcome = ${outcome},
+                final_phase = ${input.finalPhase}::text, ended_at = ${now}
+              FROM t WHERE assignments.reservation_id = t.reservation_id
+            ), ev AS (
+              -- Spans as core's PhaseModel.spans builds them: recovery events do not split a phase.
+              SELECT seq, phase, at, accepted_at, lead(phase) OVER w AS next_phase, lead(at) OVER w AS next_at
+              FROM progress_events WHERE reservation_id = ${input.reservationId}::bigint AND kind <> 'recovered'
+              WINDOW w AS (ORDER BY seq)
+            ), d AS (
+              SELECT 0 AS k, 0 AS seq, t.source, 'end_to_end' AS metric, GREATEST(0, ${now} - t.issued_at)::float8 AS ms FROM t
+              UNION ALL
+              SELECT 1, ev.seq, t.source, ev.phase, GREATEST(0, ev.next_at - ev.at)::float8 FROM t, ev
+              WHERE ev.phase IN ('scanning', 'cleanup', 'bundling') AND ev.next_phase IS NOT NULL
+                AND ev.next_phase NOT IN ('completed', 'timed_out', 'failed')
+              UNION ALL
+              SELECT 2, 0, t.source, 'upload', GREATEST(0, ${now} - up.accepted_at)::float8
+              FROM t, (SELECT accepted_at FROM ev WHERE phase = 'uploading' ORDER BY seq LIMIT 1) up
+            ), ins AS (
+              INSERT INTO durations (source, metric, outcome, ms, at)
+              SELECT source, metric, ${outcome}, ms, ${now} FROM d ORDER BY k, seq
+            )
+            SELECT reservation_id FROM t`,
+          (rows) => (rows.length === 0 ? null : receipt)
+        )
+      )
+    )
   }
 
   // One statement for any number of observations: columns as arrays (Postgres) or one JSON
