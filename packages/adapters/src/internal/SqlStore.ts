@@ -1,10 +1,10 @@
-import { SqlClient } from "@effect/sql"
+import { SqlClient, Statement } from "@effect/sql"
 import { Effect, Either, Schedule } from "effect"
 import { Assignment, Claim, Deadline, Errors, Percentile, Source, Store } from "@scanfleet/core"
 import * as Codec from "./Codec.js"
 import * as Rules from "./Rules.js"
 import { mapped } from "./SqlErrors.js"
-import { claimNext } from "./queries/claimNext.js"
+import { claimNext, claimStatement } from "./queries/claimNext.js"
 import * as Promote from "./queries/promote.js"
 import * as Record from "./queries/recordObservations.js"
 
@@ -67,12 +67,18 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         : Effect.succeed({ promoted: [], deferred: 0 }),
 
     claim: (req) =>
-      transaction(
+      Effect.flatMap(isPg && req.sourceCap === undefined ? claimFast(req) : Effect.succeed(null), (fast) =>
+        fast !== null
+          ? Effect.succeed(fast)
+          : transaction(
         Effect.gen(function* () {
           const unknown = new Errors.ClaimRejected({ reason: "unknown_device", message: `device ${req.deviceId} is not registered or was revoked` })
           if (!isId(req.deviceId)) return yield* unknown
           // The device row lock serialises this device's claims, so its capacity holds under concurrency.
-          const [d] = yield* sql<Row>`SELECT id, slots, revoked_at FROM devices WHERE id = ${req.deviceId}${forUpdate}`
+          // On Postgres every claim also writes the row, so the fast path can tell that a claim came between.
+          const [d] = isPg
+            ? yield* sql<Row>`UPDATE devices SET slots = slots WHERE id = ${req.deviceId} RETURNING id, slots, revoked_at`
+            : yield* sql<Row>`SELECT id, slots, revoked_at FROM devices WHERE id = ${req.deviceId}`
           if (!d || d.revoked_at !== null) return yield* unknown
           const slots = Number(d.slots)
           if (!Number.isInteger(req.slot) || req.slot < 0 || req.slot >= slots)
@@ -94,6 +100,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
             RETURNING reservation_id`
           return Assignment.issued(t, { reservationId: Number(reservation_id), deviceId: req.deviceId, slot: req.slot }, policy, deadlines)
         })
+      )
       ),
 
     appendProgress: (auth, batch) =>
@@ -395,6 +402,56 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         isId(id) ? mapped(sql<Row>`UPDATE devices SET revoked_at = COALESCE(revoked_at, ${now}) WHERE id = ${id} RETURNING id`) : Effect.succeed([]),
         (rows) => (rows.length === 0 ? Effect.fail(new Errors.NotFound({ entity: "device", key: String(id) })) : Effect.void)
       )
+  }
+
+  // Postgres, without a fleet-wide cap: the common successful claim in one statement. The
+  // locked device row must be the version in the statement's snapshot: every claim writes it,
+  // so no claim of this device committed unseen and the snapshot's count of its active
+  // assignments can only be too high (an assignment ended meanwhile), never too low. Any miss
+  // (refusal, empty queue, race) yields null and the transactional path decides.
+  function claimFast(req: Store.ClaimRequest): Effect.Effect<Assignment.Assignment | null, Errors.StoreError> {
+    if (![req.deviceId, req.slot, req.now].every(isId)) return Effect.succeed(null)
+    // Issued for every source it may take; a source the configuration cannot issue for is left to the transaction.
+    const candidates = (req.sources ?? Source.sources).filter((s) => req.config.sources[s] !== undefined)
+    if (candidates.length === 0 || candidates.length !== (req.sources ?? Source.sources).length) return Effect.succeed(null)
+    const issued = new Map(candidates.map((s) => [s, Deadline.issueFor(req.config, s, req.now)] as const))
+    const pick = (f: (i: ReturnType<typeof Deadline.issueFor>) => Statement.Fragment) =>
+      sql`CASE t.source ${sql.join(" ", false)([...issued].map(([s, i]) => sql`WHEN ${s}::text THEN ${f(i)}`))} END`
+    const gate = sql`EXISTS (SELECT 1 FROM g)`
+    return retryConflicts(
+      mapped(
+        Effect.map(
+          sql<Row>`
+            WITH dev AS (
+              SELECT id, slots, xmin::text AS v FROM devices WHERE id = ${req.deviceId}::bigint AND revoked_at IS NULL FOR UPDATE
+            ), g AS (
+              SELECT dev.id FROM dev JOIN devices s ON s.id = dev.id AND s.xmin::text = dev.v
+              WHERE ${req.slot}::bigint >= 0 AND ${req.slot}::bigint < dev.slots
+                AND (SELECT count(*) FROM assignments WHERE device_id = dev.id AND state = 'active') < dev.slots
+                AND NOT EXISTS (SELECT 1 FROM assignments WHERE device_id = dev.id AND state = 'active' AND slot = ${req.slot}::bigint)
+            ), bump AS (
+              UPDATE devices SET slots = devices.slots FROM g WHERE devices.id = g.id
+            ), t AS (${claimStatement(sql, req, true, gate)}
+            ), ins AS (
+              INSERT INTO assignments (target_id, source, identity, device_id, slot, fence, policy, covered_remote_at,
+                issued_at, scan_deadline, upload_deadline, expires_at, state)
+              SELECT t.id, t.source, t.identity, ${req.deviceId}::bigint, ${req.slot}::bigint, t.fence,
+                ${pick((i) => sql`${JSON.stringify(i.policy)}::jsonb`)}, t.covered_remote_at,
+                ${pick((i) => sql`${i.deadlines.issuedAt}::bigint`)}, ${pick((i) => sql`${i.deadlines.scanDeadline}::bigint`)},
+                ${pick((i) => sql`${i.deadlines.uploadDeadline}::bigint`)}, ${pick((i) => sql`${i.deadlines.expiresAt}::bigint`)}, 'active'
+              FROM t
+              RETURNING reservation_id
+            )
+            SELECT t.*, ins.reservation_id AS fast_reservation_id FROM t, ins`,
+          (rows) => {
+            if (rows.length === 0) return null
+            const t = Codec.target(rows[0])
+            const { policy, deadlines } = issued.get(t.source)!
+            return Assignment.issued(t, { reservationId: Number(rows[0].fast_reservation_id), deviceId: req.deviceId, slot: req.slot }, policy, deadlines)
+          }
+        )
+      )
+    )
   }
 
   // Postgres: the common accepted result in one statement. The locked reservation row

@@ -1,4 +1,4 @@
-import type { SqlClient } from "@effect/sql"
+import type { SqlClient, Statement } from "@effect/sql"
 import { Effect } from "effect"
 import type { Source, Target } from "@scanfleet/core"
 import * as Codec from "../Codec.js"
@@ -16,27 +16,37 @@ export const claimNext = (
   req: { readonly now: number; readonly sources?: ReadonlyArray<Source.Source>; readonly sourceCap?: number },
   skipLocked: boolean
 ) =>
-  Effect.gen(function* () {
-    const filters = [sql`c.status = 'pending'`]
-    if (req.sources) filters.push(req.sources.length === 0 ? sql`1 = 0` : sql`c.source IN ${sql.in(req.sources)}`)
-    // A source without active assignments has no group below, so a cap of zero or less must exclude everything here.
-    if (req.sourceCap !== undefined && req.sourceCap <= 0) filters.push(sql`1 = 0`)
-    else if (req.sourceCap !== undefined)
-      filters.push(sql`c.source NOT IN (
-        SELECT a.source FROM assignments a WHERE a.state = 'active' GROUP BY a.source HAVING count(*) >= CAST(${req.sourceCap} AS DOUBLE PRECISION))`)
-    const rows = yield* sql<Record<string, unknown>>`
-      UPDATE targets SET
-        status = 'in_progress',
-        covered_remote_at = observed_remote_at,
-        fence = fence + 1,
-        last_scan_started_at = ${req.now},
-        attempts = attempts + 1
-      WHERE status = 'pending' AND id = (
-        SELECT c.id FROM targets c
-        WHERE ${sql.and(filters)}
-        ORDER BY c.id
-        LIMIT 1${skipLocked ? sql.literal(" FOR UPDATE SKIP LOCKED") : sql.literal("")}
-      )
-      RETURNING ${sql.literal(Codec.targetColumns)}`
-    return rows.length === 0 ? null : (Codec.target(rows[0]) satisfies Target.Target)
-  })
+  Effect.map(claimStatement(sql, req, skipLocked), (rows) =>
+    rows.length === 0 ? null : (Codec.target(rows[0]) satisfies Target.Target)
+  )
+
+/** The statement of `claimNext`; `gate`, when given, must hold for any target to be taken (a CTE may embed it). */
+export const claimStatement = (
+  sql: SqlClient.SqlClient,
+  req: { readonly now: number; readonly sources?: ReadonlyArray<Source.Source>; readonly sourceCap?: number },
+  skipLocked: boolean,
+  gate?: Statement.Fragment
+) => {
+  const filters: Array<Statement.Fragment> = [sql`c.status = 'pending'`]
+  if (gate) filters.push(gate)
+  if (req.sources) filters.push(req.sources.length === 0 ? sql`1 = 0` : sql`c.source IN ${sql.in(req.sources)}`)
+  // A source without active assignments has no group below, so a cap of zero or less must exclude everything here.
+  if (req.sourceCap !== undefined && req.sourceCap <= 0) filters.push(sql`1 = 0`)
+  else if (req.sourceCap !== undefined)
+    filters.push(sql`c.source NOT IN (
+      SELECT a.source FROM assignments a WHERE a.state = 'active' GROUP BY a.source HAVING count(*) >= CAST(${req.sourceCap} AS DOUBLE PRECISION))`)
+  return sql`
+    UPDATE targets SET
+      status = 'in_progress',
+      covered_remote_at = observed_remote_at,
+      fence = fence + 1,
+      last_scan_started_at = ${req.now},
+      attempts = attempts + 1
+    WHERE status = 'pending' AND id = (
+      SELECT c.id FROM targets c
+      WHERE ${sql.and(filters)}
+      ORDER BY c.id
+      LIMIT 1${skipLocked ? sql.literal(" FOR UPDATE SKIP LOCKED") : sql.literal("")}
+    )
+    RETURNING ${sql.literal(Codec.targetColumns)}`
+}
