@@ -275,11 +275,11 @@ const pgBoss = (ctx: Ctx, s: Shape): Contender => ({
 /** Workload 1: one at a time, 8 concurrent claimers. */
 export const one = async (ctx: Ctx): Promise<WorkloadResult> => {
   const s: Shape = {
-    backlog: size(ctx, "claim.backlog", 20_000, 50_000),
+    backlog: size(ctx, "claim.backlog", 10_000, 50_000),
     jobs: size(ctx, "claim.jobs", 3_000, 10_000),
     claimers: 8,
     batch: 1,
-    capSeconds: size(ctx, "claim.cap", 3, 12)
+    capSeconds: size(ctx, "claim.cap", 2, 12)
   }
   const missing = await Scanfleet.pgMissing()
   const list = [...(missing ? [] : [scanfleet(ctx, s), scanfleet(ctx, s, true)]), graphile(ctx, s, false), raw(ctx, s), pgBoss(ctx, s)]
@@ -298,11 +298,11 @@ export const one = async (ctx: Ctx): Promise<WorkloadResult> => {
 /** Workload 2: batched claims and coalesced completes. */
 export const batched = async (ctx: Ctx): Promise<WorkloadResult> => {
   const s: Shape = {
-    backlog: size(ctx, "batch.backlog", 30_000, 60_000),
-    jobs: size(ctx, "batch.jobs", 10_000, 50_000),
+    backlog: size(ctx, "batch.backlog", 20_000, 60_000),
+    jobs: size(ctx, "batch.jobs", 5_000, 50_000),
     claimers: 8,
     batch: 64,
-    capSeconds: size(ctx, "batch.cap", 3, 12)
+    capSeconds: size(ctx, "batch.cap", 2, 12)
   }
   const missing = await Scanfleet.pgMissing()
   const list = [

@@ -162,8 +162,8 @@ const serverMissing = async (): Promise<string | null> => {
 /** Workload 8. */
 export const api = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
   const devices = 32
-  const seconds = size(ctx, "http.seconds", 5, 20)
-  const backlog = size(ctx, "http.backlog", 20_000, 50_000)
+  const seconds = size(ctx, "http.seconds", 3, 20)
+  const backlog = size(ctx, "http.backlog", 5_000, 50_000)
   const missing = (await Scanfleet.pgMissing()) ?? (await serverMissing())
   if (missing) throw new Error(missing)
   const systems: Array<SystemResult> = await measure([{ name: "scanfleet server-example on PgStore", run: () => run(ctx, devices, seconds, backlog) }], ctx.runs, ctx.log)

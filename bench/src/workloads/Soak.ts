@@ -89,7 +89,7 @@ const soakRun = async (
 
 /** Workload 3 (short). */
 export const soak = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
-  const s: Shape = { rows: size(ctx, "soak.rows", 200_000, 500_000), seconds: size(ctx, "soak.seconds", 10, 45), windows: 5, claimers: 8 }
+  const s: Shape = { rows: size(ctx, "soak.rows", 100_000, 500_000), seconds: size(ctx, "soak.seconds", 6, 45), windows: 5, claimers: 8 }
   const missing = await Scanfleet.pgMissing()
   const contenders: Array<Contender> = [
     ...(missing
