@@ -12,7 +12,9 @@ import { adminToken, call, database, marked, rssKiB, type ServerProc, startServe
  * `SCANFLEET_LOAD_DEVICES` make the longer run of `npm run soak`.
  */
 
-const seconds = Number(process.env.SCANFLEET_LOAD_SECONDS ?? 20)
+// 60 s: on an idle machine the servers' heaps are still sizing themselves for
+// 200 connections for the first ~35 s; a shorter window measures warm-up, not a leak.
+const seconds = Number(process.env.SCANFLEET_LOAD_SECONDS ?? 60)
 const deviceCount = Number(process.env.SCANFLEET_LOAD_DEVICES ?? 200)
 
 let db: Awaited<ReturnType<typeof database>>
@@ -118,7 +120,7 @@ describe(`load: ${deviceCount} simulated devices against two server processes on
       const last = s.slice(Math.floor(s.length * 0.75))
       const growth = mean(last) - mean(mid)
       report.push(`load: server ${i + 1} RSS MiB start ${(s[0] / 1024).toFixed(0)}, after warm-up ${(mean(mid) / 1024).toFixed(0)}, end ${(mean(last) / 1024).toFixed(0)}, peak ${(Math.max(...s) / 1024).toFixed(0)}`)
-      expect(growth, `server ${i + 1} grew ${(growth / 1024).toFixed(1)} MiB after warm-up`).toBeLessThan(Math.max(48 * 1024, 0.25 * mean(mid)))
+      expect(growth, `server ${i + 1} grew ${(growth / 1024).toFixed(1)} MiB after warm-up`).toBeLessThan(Math.max(64 * 1024, 0.25 * mean(mid)))
     }
     console.log(report.join("\n"))
     // Throughput depends on the machine; the test asks only that work got done.
