@@ -271,6 +271,21 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
           expect(yield* s.promote("github", rule(2), now)).toEqual({ promoted: ["t4"], deferred: 0 })
         }))
 
+      test("the deferred count stops at its limit, which then reads as at least", (s) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s, 1)
+          for (let i = 0; i < 5; i++) {
+            yield* s.recordObservations([obs("github", `t${i}`, T0 - DAY)], T0 + i * HOUR)
+            yield* scanOnce(s, d.id, T0 + i * HOUR)
+          }
+          yield* s.recordObservations([0, 1, 2, 3, 4].map((i) => obs("github", `t${i}`, T0 + 10 * HOUR)), T0 + 11 * HOUR)
+          const now = T0 + 3 * DAY
+          expect(yield* s.promote("github", { ...rule(1), deferredLimit: 2 }, now)).toEqual({ promoted: ["t0"], deferred: 2 })
+          expect(yield* s.promote("github", { ...rule(1), deferredLimit: 5 }, now)).toEqual({ promoted: ["t1"], deferred: 3 })
+          expect(yield* s.promote("github", { ...rule(0), deferredLimit: 0 }, now)).toEqual({ promoted: [], deferred: 0 })
+          expect(yield* s.promote("github", rule(0), now)).toEqual({ promoted: [], deferred: 3 })
+        }))
+
       test("Cooldown has not elapsed", (s) =>
         Effect.gen(function* () {
           yield* completedAt(s, "o/r", T0 - DAY)

@@ -86,7 +86,7 @@ export const make = (): StoreShape => {
         const candidates = [...targets.values()].filter((t) => t.source === source)
         const sel = Promotion.select(candidates, rule, now)
         for (const t of sel.promote) targets.set(t.id, Promotion.promote(t))
-        return { promoted: sel.promote.map((t) => t.identity), deferred: sel.deferred.length }
+        return { promoted: sel.promote.map((t) => t.identity), deferred: Promotion.deferredCount(sel.deferred.length, rule.deferredLimit) }
       }),
 
     claim: (req) =>

@@ -80,5 +80,18 @@ export const select = (targets: Iterable<Target>, rule: CycleRule, now: number):
   return { promote: eligible.slice(0, n), deferred: eligible.slice(n) }
 }
 
+/**
+ * How far a promotion counts the eligible targets its budget left behind. Past
+ * this many, `deferred` reads "at least this many": counting every eligible row
+ * would make each promotion cost grow with the table instead of the budget.
+ */
+export const deferredCountLimit = 10_000
+
+/** The deferred figure a promotion reports: exact below the limit, the limit itself at or above it. */
+export const deferredCount = (eligibleLeft: number, limit: number = deferredCountLimit): number => {
+  const cap = Number.isNaN(limit) ? deferredCountLimit : Math.max(0, Math.floor(limit))
+  return Math.max(0, Math.min(eligibleLeft, cap))
+}
+
 /** The authority change of a promotion: back to pending, fence bumped. */
 export const promote = (t: Target): Target => ({ ...t, status: "pending", fence: t.fence + 1 })

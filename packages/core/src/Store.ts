@@ -19,8 +19,20 @@ export interface RecordResult {
 /** What one budgeted promotion did. */
 export interface PromoteResult {
   readonly promoted: ReadonlyArray<string>
-  /** Eligible but left for later cycles by the budget. */
+  /**
+   * Eligible but left for later cycles by the budget, counted up to the rule's
+   * `deferredLimit` (default `Promotion.deferredCountLimit`): a figure equal to the
+   * limit means "at least", so the cost of a promotion follows its budget, not the table.
+   */
   readonly deferred: number
+}
+
+/** The settings of one budgeted promotion. */
+export interface PromoteRule {
+  readonly budget: number
+  readonly cooldownMs: number
+  /** How far to count the eligible targets left behind (default `Promotion.deferredCountLimit`). */
+  readonly deferredLimit?: number
 }
 
 /** A claim request for one device slot. */
@@ -142,7 +154,7 @@ export class Store extends Context.Tag("@scanfleet/core/Store")<
     /** Inserts new identities as pending and raises `observed_remote_at` of known ones; nothing else. One round trip per batch. */
     readonly recordObservations: (batch: ReadonlyArray<Observation>, now: number) => Effect.Effect<RecordResult, StoreError>
     /** Promotes at most `budget` eligible completed targets of a source, in core's order, with a fenced compare-and-set. */
-    readonly promote: (source: Source, rule: { readonly budget: number; readonly cooldownMs: number }, now: number) => Effect.Effect<PromoteResult, StoreError>
+    readonly promote: (source: Source, rule: PromoteRule, now: number) => Effect.Effect<PromoteResult, StoreError>
     /** Claims the next pending target for a device slot; `null` when nothing is pending. */
     readonly claim: (req: ClaimRequest) => Effect.Effect<Assignment | null, ClaimRejected | StoreError>
     /** Appends progress events idempotently by (reservation, sequence); never renews anything. */

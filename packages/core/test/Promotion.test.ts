@@ -58,6 +58,16 @@ describe("Promotion", () => {
     expect(Promotion.decide({ ...t, source: "dockerhub", observedRemoteAt: now, coveredRemoteAt: 0 }, { cooldownMs: 0 }, now)._tag).toBe("skip")
   })
 
+  it.prop(
+    "the deferred figure is exact below its limit and equals the limit otherwise, never negative",
+    [fc.integer({ min: -5, max: 50 }), fc.oneof(fc.integer({ min: -3, max: 40 }), fc.constant(Number.POSITIVE_INFINITY))],
+    ([left, limit]) => {
+      const d = Promotion.deferredCount(left, limit)
+      expect(d).toBe(left <= 0 ? 0 : limit <= 0 ? 0 : Math.min(left, limit))
+      expect(Promotion.deferredCount(left)).toBe(Math.max(0, Math.min(left, Promotion.deferredCountLimit)))
+    }
+  )
+
   it.prop("a promotion is an authority change: back to pending with the fence bumped", [completedTarget], ([t]) => {
     const p = Promotion.promote(t)
     expect(p).toEqual({ ...t, status: "pending", fence: t.fence + 1 })
