@@ -1,5 +1,5 @@
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
-import { Deadline, Store, WorkerApi } from "@scanfleet/core"
+import { Deadline, Promotion, Store, WorkerApi } from "@scanfleet/core"
 import { Clock, Effect } from "effect"
 import type { z } from "zod"
 import * as AdminRoutes from "./AdminRoutes.js"
@@ -104,7 +104,7 @@ ${rows
     (c) => `<tr data-testid="cycle-row-${c.id}"><td>${c.id}</td><td data-testid="cycle-${c.id}-source">${esc(c.source)}</td><td>${esc(iso(c.startedAt))}</td><td>${esc(iso(c.endedAt))}</td>
 <td class="num">${c.pages}</td><td class="num">${c.results}</td><td class="num">${c.malformed}</td>
 <td class="num" data-testid="cycle-${c.id}-queued-new">${c.queuedNewCount}</td><td class="num" data-testid="cycle-${c.id}-queued-updated">${c.queuedUpdatedCount}</td>
-<td class="num" data-testid="cycle-${c.id}-deferred">${c.deferredCount}</td><td data-testid="cycle-${c.id}-stop">${esc(c.stopReason)}</td><td>${esc(c.error ?? "")}</td></tr>`
+<td class="num" data-testid="cycle-${c.id}-deferred">${c.deferredCount >= Promotion.deferredCountLimit ? `≥ ${Promotion.deferredCountLimit.toLocaleString("en-US")}` : c.deferredCount}</td><td data-testid="cycle-${c.id}-stop">${esc(c.stopReason)}</td><td>${esc(c.error ?? "")}</td></tr>`
   )
   .join("\n")}
 </tbody></table>`

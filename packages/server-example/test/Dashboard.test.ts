@@ -1,4 +1,4 @@
-import { Config } from "@scanfleet/core"
+import { Config, Promotion } from "@scanfleet/core"
 import { Effect } from "effect"
 import { existsSync } from "node:fs"
 import { chromium, type Browser } from "playwright-core"
@@ -64,6 +64,12 @@ describe.skipIf(!haveChromium)("dashboard in headless Chromium (SQLite file)", (
     await s.run(
       Effect.suspend(() =>
         s.store.recordCycle({ source: "gitlab", startedAt: now - 9000, endedAt: now - 8000, pages: 2, results: 40, malformed: 0, queuedNewCount: 12, queuedUpdatedCount: 5, deferredCount: 1, stopReason: "end_of_listing", error: null })
+      )
+    )
+    // A promotion counts deferred targets up to a limit; the dashboard says "at least" there.
+    await s.run(
+      Effect.suspend(() =>
+        s.store.recordCycle({ source: "github", startedAt: now - 7000, endedAt: now - 6000, pages: 1, results: 10, malformed: 0, queuedNewCount: 0, queuedUpdatedCount: 100, deferredCount: Promotion.deferredCountLimit, stopReason: "end_of_listing", error: null })
       )
     )
     await s.run(
@@ -141,7 +147,9 @@ describe.skipIf(!haveChromium)("dashboard in headless Chromium (SQLite file)", (
     for (const c of cycles) {
       expect(await page.getByTestId(`cycle-${c.id}-queued-new`).textContent()).toBe(String(c.queuedNewCount))
       expect(await page.getByTestId(`cycle-${c.id}-queued-updated`).textContent()).toBe(String(c.queuedUpdatedCount))
+      expect(await page.getByTestId(`cycle-${c.id}-deferred`).textContent()).toBe(c.deferredCount >= Promotion.deferredCountLimit ? "≥ 10,000" : String(c.deferredCount))
     }
+    expect(cycles.some((c: { deferredCount: number }) => c.deferredCount === Promotion.deferredCountLimit)).toBe(true)
 
     // Percentiles with counts and insufficient labels.
     const pct = (await s.admin("GET", "/v1/admin/percentiles")).body
