@@ -6,7 +6,8 @@ type Row = Record<string, unknown>
 /**
  * A deterministic text dump of the Postgres schema in the connection's
  * search_path, built from the catalogs (no pg_dump needed): tables with their
- * columns, then constraints, then indexes, each sorted by name.
+ * columns, then constraints, indexes, table storage options, functions and
+ * triggers, each sorted by name.
  */
 export const pg = Effect.gen(function* () {
   const sql = yield* SqlClient.SqlClient
@@ -19,6 +20,17 @@ export const pg = Effect.gen(function* () {
     FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace
     WHERE n.nspname = ${schema} AND c.contype <> 'n' ORDER BY 1, 2`
   const indexes = yield* sql<Row>`SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = ${schema} ORDER BY tablename, indexname`
+  const options = yield* sql<Row>`
+    SELECT c.relname, array_to_string(c.reloptions, ', ') AS opts
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = ${schema} AND c.relkind = 'r' AND c.reloptions IS NOT NULL ORDER BY 1`
+  const functions = yield* sql<Row>`
+    SELECT p.proname, pg_get_functiondef(p.oid) AS def
+    FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = ${schema} ORDER BY 1`
+  const triggers = yield* sql<Row>`
+    SELECT pg_get_triggerdef(t.oid) AS def
+    FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = ${schema} AND NOT t.tgisinternal ORDER BY c.relname, t.tgname`
   const strip = (s: string) => s.split(`${schema}.`).join("")
   const tables = new Map<string, Array<string>>()
   for (const c of columns) {
@@ -35,6 +47,11 @@ export const pg = Effect.gen(function* () {
   for (const c of constraints) out.push(`ALTER TABLE ${strip(String(c.table_name))} ADD CONSTRAINT ${c.conname} ${strip(String(c.def))};`)
   out.push("")
   for (const i of indexes) out.push(`${strip(String(i.indexdef))};`)
+  if (options.length > 0) out.push("")
+  for (const o of options) out.push(`ALTER TABLE ${o.relname} SET (${o.opts});`)
+  for (const f of functions) out.push("", `${strip(String(f.def)).trimEnd()};`)
+  if (triggers.length > 0) out.push("")
+  for (const t of triggers) out.push(`${strip(String(t.def))};`)
   return out.join("\n") + "\n"
 })
 
