@@ -314,7 +314,7 @@ export const make = (): StoreShape => {
         }
         return [...groups.values()]
           .sort((a, b) => a.source.localeCompare(b.source) || a.metric.localeCompare(b.metric) || a.outcome.localeCompare(b.outcome))
-          .map((g) => ({ source: g.source, metric: g.metric, outcome: g.outcome, ...Percentile.summarize(g.values, q.minSamples) }))
+          .map((g) => ({ source: g.source, metric: g.metric, outcome: g.outcome, ...Percentile.summarizeHistogram(Percentile.histogram(g.values), q.minSamples) }))
       }),
 
     activeConfig: () => Effect.sync(() => configs[configs.length - 1] ?? null),

@@ -23,8 +23,12 @@ export const cont = (sorted: ReadonlyArray<number>, p: number): number => {
   const r = p * (n - 1)
   const lo = Math.floor(r)
   const a = sorted[lo], b = sorted[Math.ceil(r)]
+  return between(a, b, r - lo)
+}
+
+// Linear interpolation from a to b (a ≤ b) by the fraction f.
+const between = (a: number, b: number, f: number): number => {
   if (a === b) return a
-  const f = r - lo
   const d = b - a
   // Far-apart values overflow b − a; halving both keeps the step finite. The clamp
   // keeps rounding inside [a, b], which is what makes cont monotone in p.
@@ -56,4 +60,100 @@ export const label = (count: number, values: readonly [number, number, number], 
 export const summarize = (values: ReadonlyArray<number>, minSamples: number): Summary => {
   const sorted = [...values].sort((a, b) => a - b)
   return label(sorted.length, [cont(sorted, 0.5), cont(sorted, 0.95), cont(sorted, 0.99)], minSamples)
+}
+
+/**
+ * The relative accuracy of the log-bucket histogram: a bucket's representative
+ * is within this fraction of every value in the bucket, so a percentile read
+ * from merged bucket counts is within it of `cont` over the raw values.
+ */
+export const accuracy = 0.009
+
+/** The ratio between consecutive bucket bounds: (1 + accuracy) / (1 − accuracy). */
+export const gamma = (1 + accuracy) / (1 - accuracy)
+
+/** ln(gamma): bucket i's upper bound is exp(i · lnGamma). */
+export const lnGamma = Math.log(gamma)
+
+/** Durations below this (one nanosecond, in ms) count as 0; so do negative ones. */
+export const floorMs = 1e-6
+
+/** Durations above this count as this, so a bucket is always a finite integer. */
+export const ceilingMs = 1e300
+
+/** The bucket of 0 (and of every duration below `floorMs`); below every other bucket. */
+export const zeroBucket = -100_000
+
+/**
+ * The log bucket of a duration: bucket i holds (gamma^(i−1), gamma^i].
+ *
+ * @example
+ * valueOf(bucketOf(1234)) // 1234 within 0.9%
+ */
+export const bucketOf = (ms: number): number =>
+  !(ms >= floorMs) ? zeroBucket : Math.ceil(Math.log(Math.min(ms, ceilingMs)) / lnGamma)
+
+/** A bucket's representative: the value within `accuracy` of both of its bounds. */
+export const valueOf = (bucket: number): number =>
+  bucket <= zeroBucket ? 0 : (Math.exp(bucket * lnGamma) * 2) / (1 + gamma)
+
+/** Counts by bucket. Histograms of disjoint samples merge by adding counts. */
+export type Histogram = ReadonlyMap<number, number>
+
+/** The histogram of raw durations. */
+export const histogram = (values: Iterable<number>): Histogram => {
+  const h = new Map<number, number>()
+  for (const v of values) {
+    const b = bucketOf(v)
+    h.set(b, (h.get(b) ?? 0) + 1)
+  }
+  return h
+}
+
+/** The histogram of the union of two samples. */
+export const merge = (a: Histogram, b: Histogram): Histogram => {
+  const h = new Map(a)
+  for (const [k, n] of b) h.set(k, (h.get(k) ?? 0) + n)
+  return h
+}
+
+/** The ranks that `cont` interpolates between at level p, over n values: ⌊p·(n−1)⌋ and ⌈p·(n−1)⌉. */
+export const ranks = (n: number, p: number): readonly [number, number] => {
+  const r = p * (n - 1)
+  return [Math.floor(r), Math.ceil(r)]
+}
+
+/**
+ * A percentile from the buckets holding its two closest ranks (see `ranks`):
+ * `cont`'s interpolation between their representatives.
+ */
+export const fromBuckets = (n: number, p: number, lo: number, hi: number): number => {
+  const r = p * (n - 1)
+  return between(valueOf(lo), valueOf(hi), r - Math.floor(r))
+}
+
+/**
+ * A percentile from bucket counts, by `cont`'s rank rule: within `accuracy`
+ * (relative) of `cont` over the raw values, plus `floorMs` absolute.
+ */
+export const quantile = (h: Histogram, p: number): number => {
+  const entries = [...h.entries()].filter(([, c]) => c > 0).sort((a, b) => a[0] - b[0])
+  const n = entries.reduce((s, [, c]) => s + c, 0)
+  if (n === 0 || !(p >= 0 && p <= 1)) return Number.NaN
+  const [lo, hi] = ranks(n, p)
+  let seen = 0
+  let bLo = Number.NaN
+  for (const [b, c] of entries) {
+    seen += c
+    if (Number.isNaN(bLo) && seen > lo) bLo = b
+    if (seen > hi) return fromBuckets(n, p, bLo, b)
+  }
+  return Number.NaN
+}
+
+/** Summarises bucket counts as `summarize` does raw durations, within `accuracy`. */
+export const summarizeHistogram = (h: Histogram, minSamples: number): Summary => {
+  let n = 0
+  for (const c of h.values()) n += c
+  return label(n, [quantile(h, 0.5), quantile(h, 0.95), quantile(h, 0.99)], minSamples)
 }

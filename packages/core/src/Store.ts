@@ -188,7 +188,12 @@ export class Store extends Context.Tag("@scanfleet/core/Store")<
     readonly listCycles: (q: { readonly source?: Source; readonly limit: number }) => Effect.Effect<ReadonlyArray<Cycle>, StoreError>
     /** Records duration observations (the adapters also record them inside result acceptance). */
     readonly recordDurations: (ds: ReadonlyArray<Duration>) => Effect.Effect<void, StoreError>
-    /** p50/p95/p99 by source, metric and outcome inside a window, with sample counts. */
+    /**
+     * p50/p95/p99 by source, metric and outcome inside a window [from, to), with exact
+     * sample counts. Values come from log-bucket counts (`Percentile.quantile`): each is
+     * within `Percentile.accuracy` (0.9%) relative, plus `Percentile.floorMs` absolute, of
+     * `Percentile.cont` over the raw durations of exactly that window.
+     */
     readonly percentiles: (q: PercentileQuery) => Effect.Effect<ReadonlyArray<PercentileRow>, StoreError>
     /** The configuration in force, or null before the first apply. */
     readonly activeConfig: () => Effect.Effect<ConfigVersion | null, StoreError>

@@ -2,6 +2,7 @@ import { SqlClient, Statement } from "@effect/sql"
 import { Effect, Either, Schedule } from "effect"
 import { Assignment, Claim, Deadline, Errors, Percentile, Source, Store } from "@scanfleet/core"
 import * as Codec from "./Codec.js"
+import * as Rollups from "./Rollups.js"
 import * as Rules from "./Rules.js"
 import { mapped } from "./SqlErrors.js"
 import { claimNext, claimStatement } from "./queries/claimNext.js"
@@ -300,65 +301,60 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
     recordDurations: (ds) => mapped(insertDurations(ds)),
 
     percentiles: (q) => {
-      const filters = [sql`at >= ${q.from}`, sql`at < ${q.to}`]
-      if (q.source) filters.push(sql`source = ${q.source}`)
-      if (q.metric) filters.push(sql`metric = ${q.metric}`)
-      if (q.outcome) filters.push(sql`outcome = ${q.outcome}`)
-      const where = sql.and(filters)
-      const groups = isPg
-        ? // percentile_cont interpolates between closest ranks, the method core's Percentile.cont implements.
-          Effect.map(
-            sql<Row>`
-              SELECT source, metric, outcome, count(*) AS n,
-                percentile_cont(0.5::float8) WITHIN GROUP (ORDER BY ms) AS p50,
-                percentile_cont(0.95::float8) WITHIN GROUP (ORDER BY ms) AS p95,
-                percentile_cont(0.99::float8) WITHIN GROUP (ORDER BY ms) AS p99
-              FROM durations WHERE ${where} GROUP BY source, metric, outcome`,
-            (rows) => rows.map((r) => ({ key: r, n: Number(r.n), values: [Number(r.p50), Number(r.p95), Number(r.p99)] as const }))
-          )
-        : // SQLite has no ordered-set aggregates: rank each group's values, fetch the two
-          // closest ranks of each level, and interpolate between them as percentile_cont does.
-          Effect.map(
-            sql<Row>`
-              WITH ranked AS (
-                SELECT source, metric, outcome, ms,
-                  row_number() OVER (PARTITION BY source, metric, outcome ORDER BY ms) - 1 AS r,
-                  count(*) OVER (PARTITION BY source, metric, outcome) AS n
-                FROM durations WHERE ${where}
-              )
-              SELECT source, metric, outcome, n, ${sql.literal(
-                Percentile.levels
-                  .map((p, i) => {
-                    const rank = `(${p} * (n - 1))`
-                    const lo = `CAST(${rank} AS INTEGER)`
-                    return `MAX(CASE WHEN r = ${lo} THEN ms END) AS lo${i}, MAX(CASE WHEN r = ${lo} + (${rank} > ${lo}) THEN ms END) AS hi${i}`
-                  })
-                  .join(", ")
-              )}
-              FROM ranked GROUP BY source, metric, outcome`,
-            (rows) =>
-              rows.map((r) => {
-                const n = Number(r.n)
-                const at = (i: number) => {
-                  const rank = Percentile.levels[i] * (n - 1)
-                  const lo = Number(r[`lo${i}`])
-                  return lo + (Number(r[`hi${i}`]) - lo) * (rank - Math.floor(rank))
-                }
-                return { key: r, n, values: [at(0), at(1), at(2)] as const }
-              })
-          )
+      const filters = (time: Statement.Fragment) => {
+        const fs = [time]
+        if (q.source) fs.push(sql`source = ${q.source}`)
+        if (q.metric) fs.push(sql`metric = ${q.metric}`)
+        if (q.outcome) fs.push(sql`outcome = ${q.outcome}`)
+        return sql.and(fs)
+      }
+      // Whole days and hours come from the rollups, the partial hours at the two ends
+      // from raw rows: counts of exactly the window, in log buckets.
+      const parts = Rollups.plan(q.from, q.to).map((p) =>
+        p._tag === "rollup"
+          ? sql`SELECT source, metric, outcome, bucket, n FROM duration_rollups
+              WHERE ${filters(sql`span = ${p.span} AND start >= ${p.from} AND start < ${p.to}`)}`
+          : sql`SELECT source, metric, outcome, ${sql.literal(Rollups.bucketSql("ms"))} AS bucket, 1 AS n FROM durations
+              WHERE ${filters(sql`at >= ${p.from} AND at < ${p.to}`)}`
+      )
+      if (parts.length === 0) return Effect.succeed([])
+      // For each level, the buckets holding its two closest ranks (Percentile.ranks): the
+      // first bucket whose running count passes the rank. Counts are summed as doubles,
+      // exact below 2^53, so the ranks are computed as core computes them.
+      const picks = Percentile.levels
+        .map((p, i) => {
+          const rank = `${p} * (total - 1)`
+          return `min(CASE WHEN cum > floor(${rank}) THEN bucket END) AS lo${i}, min(CASE WHEN cum > ceil(${rank}) THEN bucket END) AS hi${i}`
+        })
+        .join(", ")
       return mapped(
-        Effect.map(groups, (gs) =>
-          gs
-            .map(
-              (g): Store.PercentileRow => ({
-                source: g.key.source as Store.PercentileRow["source"],
-                metric: g.key.metric as Store.PercentileRow["metric"],
-                outcome: g.key.outcome as Store.PercentileRow["outcome"],
-                ...Percentile.label(g.n, g.values, q.minSamples)
-              })
+        Effect.map(
+          sql<Row>`
+            WITH h AS (
+              SELECT source, metric, outcome, bucket, CAST(sum(n) AS DOUBLE PRECISION) AS n
+              FROM (${sql.join(" UNION ALL ", false)(parts)}) AS u
+              GROUP BY source, metric, outcome, bucket
+            ), c AS (
+              SELECT source, metric, outcome, bucket,
+                sum(n) OVER (PARTITION BY source, metric, outcome ORDER BY bucket) AS cum,
+                sum(n) OVER (PARTITION BY source, metric, outcome) AS total
+              FROM h
             )
-            .sort((a, b) => byText(a.source, b.source) || byText(a.metric, b.metric) || byText(a.outcome, b.outcome))
+            SELECT source, metric, outcome, max(total) AS n, ${sql.literal(picks)}
+            FROM c GROUP BY source, metric, outcome`,
+          (rows) =>
+            rows
+              .map((r): Store.PercentileRow => {
+                const n = Number(r.n)
+                const at = (i: number) => Percentile.fromBuckets(n, Percentile.levels[i], Number(r[`lo${i}`]), Number(r[`hi${i}`]))
+                return {
+                  source: r.source as Store.PercentileRow["source"],
+                  metric: r.metric as Store.PercentileRow["metric"],
+                  outcome: r.outcome as Store.PercentileRow["outcome"],
+                  ...Percentile.label(n, [at(0), at(1), at(2)], q.minSamples)
+                }
+              })
+              .sort((a, b) => byText(a.source, b.source) || byText(a.metric, b.metric) || byText(a.outcome, b.outcome))
         )
       )
     },
