@@ -23,7 +23,8 @@ CREATE TABLE assignments (
   ended_at bigint,
   expired_at bigint,
   expiry_last_phase text,
-  expiry_last_progress_at bigint
+  expiry_last_progress_at bigint,
+  device_slots integer NOT NULL
 );
 
 CREATE TABLE config_versions (
@@ -55,6 +56,16 @@ CREATE TABLE devices (
   token_hash text NOT NULL,
   created_at bigint NOT NULL,
   revoked_at bigint
+);
+
+CREATE TABLE duration_rollups (
+  span bigint NOT NULL,
+  source text NOT NULL,
+  metric text NOT NULL,
+  outcome text NOT NULL,
+  start bigint NOT NULL,
+  bucket integer NOT NULL,
+  n bigint NOT NULL
 );
 
 CREATE TABLE durations (
@@ -104,14 +115,17 @@ CREATE TABLE targets (
   discovered_at bigint NOT NULL
 );
 
-ALTER TABLE assignments ADD CONSTRAINT assignments_device_id_fkey FOREIGN KEY (device_id) REFERENCES devices(id);
+ALTER TABLE assignments ADD CONSTRAINT assignments_active_slot_range CHECK (((state <> 'active'::text) OR ((slot >= 0) AND (slot < device_slots))));
+ALTER TABLE assignments ADD CONSTRAINT assignments_device_slots_fkey FOREIGN KEY (device_id, device_slots) REFERENCES devices(id, slots);
 ALTER TABLE assignments ADD CONSTRAINT assignments_pkey PRIMARY KEY (reservation_id);
 ALTER TABLE assignments ADD CONSTRAINT assignments_state_check CHECK ((state = ANY (ARRAY['active'::text, 'completed'::text, 'failed'::text, 'expired'::text, 'released'::text])));
 ALTER TABLE assignments ADD CONSTRAINT assignments_target_id_fkey FOREIGN KEY (target_id) REFERENCES targets(id);
 ALTER TABLE config_versions ADD CONSTRAINT config_versions_pkey PRIMARY KEY (version);
 ALTER TABLE cycles ADD CONSTRAINT cycles_pkey PRIMARY KEY (id);
+ALTER TABLE devices ADD CONSTRAINT devices_id_slots_key UNIQUE (id, slots);
 ALTER TABLE devices ADD CONSTRAINT devices_pkey PRIMARY KEY (id);
 ALTER TABLE devices ADD CONSTRAINT devices_slots_check CHECK ((slots >= 0));
+ALTER TABLE duration_rollups ADD CONSTRAINT duration_rollups_pkey PRIMARY KEY (span, source, metric, outcome, start, bucket);
 ALTER TABLE durations ADD CONSTRAINT durations_pkey PRIMARY KEY (id);
 ALTER TABLE progress_events ADD CONSTRAINT progress_events_pkey PRIMARY KEY (reservation_id, seq);
 ALTER TABLE progress_events ADD CONSTRAINT progress_events_reservation_id_fkey FOREIGN KEY (reservation_id) REFERENCES assignments(reservation_id);
@@ -132,8 +146,10 @@ CREATE UNIQUE INDEX assignments_pkey ON assignments USING btree (reservation_id)
 CREATE UNIQUE INDEX config_versions_pkey ON config_versions USING btree (version);
 CREATE UNIQUE INDEX cycles_pkey ON cycles USING btree (id);
 CREATE INDEX cycles_source_idx ON cycles USING btree (source, id);
+CREATE UNIQUE INDEX devices_id_slots_key ON devices USING btree (id, slots);
 CREATE UNIQUE INDEX devices_pkey ON devices USING btree (id);
 CREATE INDEX devices_token_hash_idx ON devices USING btree (token_hash) WHERE (revoked_at IS NULL);
+CREATE UNIQUE INDEX duration_rollups_pkey ON duration_rollups USING btree (span, source, metric, outcome, start, bucket);
 CREATE UNIQUE INDEX durations_pkey ON durations USING btree (id);
 CREATE INDEX durations_source_idx ON durations USING btree (source, metric, outcome, at);
 CREATE INDEX durations_window_idx ON durations USING btree (at);
@@ -145,3 +161,31 @@ CREATE INDEX targets_pending_idx ON targets USING btree (id) WHERE (status = 'pe
 CREATE UNIQUE INDEX targets_pkey ON targets USING btree (id);
 CREATE INDEX targets_promotion_idx ON targets USING btree (source, COALESCE(last_scan_started_at, completed_at, (0)::bigint), id) WHERE ((status = 'completed'::text) AND (observed_remote_at > COALESCE(covered_remote_at, completed_at)));
 CREATE UNIQUE INDEX targets_source_identity_key ON targets USING btree (source, identity);
+
+ALTER TABLE assignments SET (autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=10000, autovacuum_vacuum_insert_scale_factor=0, autovacuum_vacuum_insert_threshold=100000, autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_delay=0, vacuum_index_cleanup=on);
+ALTER TABLE duration_rollups SET (fillfactor=80);
+ALTER TABLE targets SET (autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=10000, autovacuum_vacuum_insert_scale_factor=0, autovacuum_vacuum_insert_threshold=100000, autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_delay=0, vacuum_index_cleanup=on);
+
+CREATE OR REPLACE FUNCTION duration_rollups_add()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+    BEGIN
+      -- Keys in one order for every statement, so concurrent inserts lock rollup rows in
+      -- the same order and cannot deadlock on each other.
+      INSERT INTO duration_rollups AS r (span, source, metric, outcome, start, bucket, n)
+      SELECT s.span, d.source, d.metric, d.outcome, d.at - ((d.at % s.span) + s.span) % s.span, d.bucket, count(*)
+      FROM (
+        SELECT source, metric, outcome, at,
+          CASE WHEN NOT (ms >= 1e-6) THEN -100000 WHEN ms > 1e300 THEN 38376
+            ELSE CAST(ceil(ln(ms) / 0.018000486023620893::float8) AS INTEGER) END AS bucket
+        FROM new_durations
+      ) d CROSS JOIN (VALUES (3600000::bigint), (86400000::bigint)) AS s(span)
+      GROUP BY 1, 2, 3, 4, 5, 6
+      ORDER BY 1, 2, 3, 4, 5, 6
+      ON CONFLICT (span, source, metric, outcome, start, bucket) DO UPDATE SET n = r.n + excluded.n;
+      RETURN NULL;
+    END
+    $function$;
+
+CREATE TRIGGER durations_rollup AFTER INSERT ON durations REFERENCING NEW TABLE AS new_durations FOR EACH STATEMENT EXECUTE FUNCTION duration_rollups_add();

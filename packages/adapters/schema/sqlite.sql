@@ -24,7 +24,7 @@ CREATE TABLE assignments (
       expired_at BIGINT,
       expiry_last_phase TEXT,
       expiry_last_progress_at BIGINT
-    );
+    , device_slots INTEGER);
 
 CREATE TABLE config_versions (
       version INTEGER PRIMARY KEY,
@@ -56,6 +56,17 @@ CREATE TABLE devices (
       created_at BIGINT NOT NULL,
       revoked_at BIGINT
     );
+
+CREATE TABLE duration_rollups (
+      span BIGINT NOT NULL,
+      source TEXT NOT NULL,
+      metric TEXT NOT NULL,
+      outcome TEXT NOT NULL,
+      start BIGINT NOT NULL,
+      bucket INTEGER NOT NULL,
+      n BIGINT NOT NULL,
+      PRIMARY KEY (span, source, metric, outcome, start, bucket)
+    ) WITHOUT ROWID;
 
 CREATE TABLE durations (
       id INTEGER PRIMARY KEY,
@@ -112,11 +123,30 @@ CREATE UNIQUE INDEX assignments_active_slot_idx ON assignments (device_id, slot)
 
 CREATE INDEX assignments_active_source_idx ON assignments (source) WHERE state = 'active';
 
+CREATE TRIGGER assignments_device_active BEFORE INSERT ON assignments
+    WHEN NEW.state = 'active' AND NOT EXISTS (
+      SELECT 1 FROM devices d
+      WHERE d.id = NEW.device_id AND d.revoked_at IS NULL AND d.slots = NEW.device_slots AND NEW.slot >= 0 AND NEW.slot < d.slots
+    )
+    BEGIN
+      SELECT RAISE(ABORT, 'an active reservation needs a live device and a slot within its slots');
+    END;
+
 CREATE INDEX assignments_device_idx ON assignments (device_id, reservation_id);
 
 CREATE INDEX cycles_source_idx ON cycles (source, id);
 
 CREATE INDEX devices_token_hash_idx ON devices (token_hash) WHERE revoked_at IS NULL;
+
+CREATE TRIGGER durations_rollup AFTER INSERT ON durations
+    BEGIN
+      INSERT INTO duration_rollups (span, source, metric, outcome, start, bucket, n)
+      SELECT s.span, NEW.source, NEW.metric, NEW.outcome, NEW.at - ((NEW.at % s.span) + s.span) % s.span,
+        CASE WHEN NOT (NEW.ms >= 1e-6) THEN -100000 WHEN NEW.ms > 1e300 THEN 38376
+          ELSE CAST(ceil(ln(NEW.ms) / 0.018000486023620893) AS INTEGER) END, 1
+      FROM (SELECT 3600000 AS span UNION ALL SELECT 86400000) AS s WHERE true
+      ON CONFLICT (span, source, metric, outcome, start, bucket) DO UPDATE SET n = n + 1;
+    END;
 
 CREATE INDEX durations_source_idx ON durations (source, metric, outcome, at);
 

@@ -416,6 +416,55 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
           const d = yield* addDevice(s, 1)
           expect(yield* s.claim({ deviceId: d.id, slot: 0, now: T0, config })).toBeNull()
         }))
+
+      test("a batch claim gives the listed slots the lowest pending ids, in their order, as single claims would", (s) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s, 4)
+          yield* s.recordObservations([obs("github", "b1", T0 - DAY), obs("gitlab", "b2", null), obs("github", "b3", T0 - HOUR)], T0)
+          const as = yield* s.claimMany({ deviceId: d.id, slots: [2, 0, 3, 1], now: T0 + MIN, config })
+          expect(as.map((a) => [a.slot, a.identity])).toEqual([[2, "b1"], [0, "b2"], [3, "b3"]])
+          for (const a of as) {
+            expect(a).toMatchObject({ deviceId: d.id, fence: 1, state: "active", issuedAt: T0 + MIN })
+            expect(yield* s.getAssignment(a.reservationId)).toEqual(a)
+            expect(yield* s.getTarget(a.source, a.identity)).toMatchObject({ status: "in_progress", fence: 1, attempts: 1, lastScanStartedAt: T0 + MIN })
+          }
+          expect(as[0].coveredRemoteAt).toBe(T0 - DAY)
+          expect(as[1].policy.source).toBe("gitlab")
+          // the queue is empty now; the last free slot gets nothing, and an empty list claims nothing
+          expect(yield* s.claimMany({ deviceId: d.id, slots: [1], now: T0 + MIN, config })).toEqual([])
+          expect(yield* s.claimMany({ deviceId: d.id, slots: [], now: T0 + MIN, config })).toEqual([])
+        }))
+
+      test("a refused batch claim changes nothing and gives the first reason a single claim would", (s) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s, 3)
+          yield* s.recordObservations(["r1", "r2", "r3", "r4"].map((i) => obs("github", i, null)), T0)
+          yield* claimed(s, d.id, 1, T0)
+          const before = yield* s.countTargets()
+          const reason = (slots: ReadonlyArray<number>, deviceId = d.id) => Effect.map(failure(s.claimMany({ deviceId, slots, now: T0 + 1, config })), (e) => e.reason)
+          expect(yield* reason([0, 1])).toBe("slot_busy")
+          expect(yield* reason([0, 0])).toBe("slot_busy")
+          expect(yield* reason([0, 3])).toBe("capacity")
+          expect(yield* reason([2, -1, 1])).toBe("capacity")
+          expect(yield* reason([0.5])).toBe("capacity")
+          expect(yield* reason([0], 999)).toBe("unknown_device")
+          const other = yield* addDevice(s, 2, "revoked")
+          yield* s.revokeDevice(other.id, T0)
+          expect(yield* reason([0], other.id)).toBe("unknown_device")
+          expect(yield* s.countTargets()).toEqual(before)
+          expect(yield* s.listAssignments({ limit: 10 })).toHaveLength(1)
+          expect((yield* s.claimMany({ deviceId: d.id, slots: [2, 0], now: T0 + 2, config })).map((a) => [a.slot, a.identity])).toEqual([[2, "r2"], [0, "r3"]])
+        }))
+
+      test("a batch claim keeps to the allowed sources and counts its own claims against the per-source cap", (s) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s, 6)
+          yield* s.recordObservations([obs("github", "c1", null), obs("github", "c2", null), obs("gitlab", "c3", null), obs("github", "c4", null), obs("gitlab", "c5", null)], T0)
+          expect((yield* s.claimMany({ deviceId: d.id, slots: [0, 1, 2], now: T0, config, sourceCap: 1 })).map((a) => a.identity)).toEqual(["c1", "c3"])
+          expect((yield* s.claimMany({ deviceId: d.id, slots: [2, 3], now: T0, config, sources: ["gitlab"] })).map((a) => a.identity)).toEqual(["c5"])
+          expect((yield* s.claimMany({ deviceId: d.id, slots: [3, 4, 5], now: T0, config, sourceCap: 0 }))).toEqual([])
+          expect((yield* s.claimMany({ deviceId: d.id, slots: [3, 4, 5], now: T0, config })).map((a) => [a.slot, a.identity])).toEqual([[3, "c2"], [4, "c4"]])
+        }))
     })
 
     describe("progress", () => {
@@ -832,6 +881,46 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
             ])
           }))
 
+        test("one device of N slots raced by many claimers never holds more than N reservations nor two on one slot", (s) =>
+          Effect.gen(function* () {
+            const N = 6
+            const d = yield* addDevice(s, N, "crowded")
+            yield* s.recordObservations(Array.from({ length: 200 }, (_, i) => obs("github", `crowd/${i}`, null)), T0)
+            const check = Effect.gen(function* () {
+              const active = yield* s.listAssignments({ state: "active", deviceId: d.id, limit: 1000 })
+              expect(active.length).toBeLessThanOrEqual(N)
+              expect(new Set(active.map((a) => a.slot)).size).toBe(active.length)
+              for (const a of active) expect(a.slot).toBeGreaterThanOrEqual(0)
+              for (const a of active) expect(a.slot).toBeLessThan(N)
+              const inProgress = (yield* s.countTargets()).find((c) => c.status === "in_progress")?.count ?? 0
+              expect(inProgress).toBe(active.length)
+              return active
+            })
+            // Each round: single claims of every slot (and one past the last) and batch claims of overlapping
+            // slot lists race each other and the completion of the previous round's winners.
+            let winners: ReadonlyArray<Assignment.Assignment> = []
+            for (let round = 0; round < 4; round++) {
+              const singles = Array.from({ length: 3 * (N + 1) }, (_, i) => s.claim({ deviceId: d.id, slot: i % (N + 1), now: T0 + round, config }))
+              const batches = [[0, 1, 2], [3, 4, 5], [5, 4], [1, 3, 5], [0, 2, 4], [2, 3]].map((slots) =>
+                s.claimMany({ deviceId: d.id, slots, now: T0 + round, config })
+              )
+              // the previous winners are live and within their deadlines: their results are accepted
+              const finishes = winners.map((a) => Effect.as(Effect.orDie(finish(s, a, T0 + round)), []))
+              const results = yield* Effect.all(
+                [...singles.map((e) => Effect.map(e, (a) => (a ? [a] : []))), ...batches, ...finishes].map((e): Effect.Effect<Either.Either<ReadonlyArray<Assignment.Assignment>, unknown>> => Effect.either(e)),
+                { concurrency: "unbounded" }
+              )
+              for (const r of results) if (Either.isLeft(r)) expect(["slot_busy", "capacity"]).toContain((r.left as { reason?: string }).reason)
+              const won = results.flatMap((r) => (Either.isRight(r) ? r.right : []))
+              expect(new Set(won.map((a) => a.identity)).size).toBe(won.length)
+              const active = yield* check
+              expect(won.map((a) => a.reservationId).sort((x, y) => x - y)).toEqual(active.map((a) => a.reservationId).sort((x, y) => x - y))
+              winners = active
+            }
+            yield* Effect.forEach(winners, (a) => finish(s, a, T0 + 10))
+            expect(yield* check).toEqual([])
+          }))
+
         test("racing claims under a per-source cap never exceed it", (s) =>
           Effect.gen(function* () {
             const devices = yield* Effect.forEach([0, 1, 2, 3, 4, 5, 6, 7], (i) => addDevice(s, 2, `capped-${i}`))
@@ -913,6 +1002,30 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
                   }
               for (const e of tl) expect(firstAcceptance.get(e.seq) ?? e.acceptedAt).toBe(e.acceptedAt)
             }
+          }))
+
+        test("racing copies of one batch store each sequence once, and every copy answers its first acceptance time", (s) =>
+          Effect.gen(function* () {
+            const d = yield* addDevice(s, 3)
+            yield* s.recordObservations([0, 1, 2].map((i) => obs("github", `copies/${i}`, null)), T0)
+            const as = yield* Effect.forEach([0, 1, 2], (slot) => claimed(s, d.id, slot, T0))
+            const run = normalRun(T0)
+            // the second wave starts with three events of the first, as a resend after a lost response does
+            for (const [w, events] of [run.slice(0, 6), run.slice(3)].entries()) {
+              const copies = as.flatMap((a) => Array.from({ length: 12 }, (_, k) => ({ a, now: T0 + w * MIN + k })))
+              const answers = yield* Effect.all(copies.map((x) => s.appendProgress(auth(x.a, x.now), events)), { concurrency: "unbounded" })
+              for (const a of as) {
+                const mine = answers.filter((r) => r.assignment.reservationId === a.reservationId)
+                const tl = yield* s.timeline(a.reservationId)
+                for (const e of events) {
+                  const stored = tl.find((x) => x.seq === e.seq)!
+                  const acks = mine.map((r) => r.results.find((x) => x.seq === e.seq)!)
+                  expect(acks.every((x) => x.acceptedAt === stored.acceptedAt)).toBe(true)
+                  expect(acks.filter((x) => x.status === "accepted")).toHaveLength(w === 1 && e.seq <= 6 ? 0 : 1)
+                }
+              }
+            }
+            for (const a of as) expect((yield* s.timeline(a.reservationId)).map((e) => e.seq)).toEqual(run.map((e) => e.seq))
           }))
 
         test("racing result retries and expiry sweeps settle each reservation once", (s) =>

@@ -21,6 +21,26 @@ export const claim = (t: Target, expectedFence: number, now: number): Either.Eit
   })
 }
 
+/**
+ * Why a device of `deviceSlots` slots that holds reservations on the `busy` slots cannot take the
+ * `requested` ones, checked slot by slot in order as successive single claims would be: a slot out
+ * of range (`capacity`), a slot busy or listed twice (`slot_busy`), a device already full
+ * (`capacity`). `undefined` when every requested slot can be filled.
+ */
+export const refuseSlots = (deviceSlots: number, busy: ReadonlyArray<number>, requested: ReadonlyArray<number>): ClaimRejected | undefined => {
+  const held = new Set(busy)
+  let count = busy.length
+  for (const slot of requested) {
+    if (!Number.isInteger(slot) || slot < 0 || slot >= deviceSlots)
+      return new ClaimRejected({ reason: "capacity", message: `slot ${slot} is outside the device's ${deviceSlots} slots` })
+    if (held.has(slot)) return new ClaimRejected({ reason: "slot_busy", message: `slot ${slot} already holds a reservation` })
+    if (count >= deviceSlots) return new ClaimRejected({ reason: "capacity", message: `device holds ${count} of ${deviceSlots} slots` })
+    held.add(slot)
+    count++
+  }
+  return undefined
+}
+
 /** True when a write made under `fence` still holds authority over the target. */
 export const holds = (t: Target, fence: number): boolean => t.status === "in_progress" && t.fence === fence
 

@@ -7,7 +7,7 @@ import * as Percentile from "./Percentile.js"
 import * as PhaseModel from "./PhaseModel.js"
 import * as Promotion from "./Promotion.js"
 import type { Source } from "./Source.js"
-import { Store, compareAssignmentCounts, type AssignmentCount, type ConfigVersion, type CycleTotal, type Device, type StoreShape } from "./Store.js"
+import { Store, compareAssignmentCounts, type AssignmentCount, type ClaimManyRequest, type ConfigVersion, type CycleTotal, type Device, type StoreShape } from "./Store.js"
 import * as Target from "./Target.js"
 import type { Cycle } from "./Discovery.js"
 
@@ -61,6 +61,40 @@ export const make = (): StoreShape => {
     return Either.right(a)
   }
 
+  // A claim of one slot or of several, in one synchronous step: refused as a whole before anything
+  // changes, or each slot in order takes the lowest pending target left (the batch's own claims
+  // count against the per-source cap); it stops when nothing eligible is left.
+  const claimSlots = (req: ClaimManyRequest): Either.Either<ReadonlyArray<Assignment.Assignment>, ClaimRejected> => {
+    const d = devices.get(req.deviceId)
+    if (!d || d.revokedAt !== null) return Either.left(new ClaimRejected({ reason: "unknown_device", message: `device ${req.deviceId} is not registered or was revoked` }))
+    const active = [...assignments.values()].filter((a) => a.state === "active")
+    const refused = Claim.refuseSlots(d.slots, active.filter((a) => a.deviceId === req.deviceId).map((a) => a.slot), req.slots)
+    if (refused) return Either.left(refused)
+    const inFlight = new Map<Source, number>()
+    for (const a of active) inFlight.set(a.source, (inFlight.get(a.source) ?? 0) + 1)
+    const issued: Array<Assignment.Assignment> = []
+    for (const slot of req.slots) {
+      let pick: Target.Target | undefined
+      for (const t of targets.values()) {
+        if (t.status !== "pending") continue
+        if (req.sources && !req.sources.includes(t.source)) continue
+        if (req.sourceCap !== undefined && (inFlight.get(t.source) ?? 0) >= req.sourceCap) continue
+        if (!pick || t.id < pick.id) pick = t
+      }
+      if (!pick) break
+      // A pending target claimed at its own fence always succeeds.
+      const t = Either.getOrThrow(Claim.claim(pick, pick.fence, req.now))
+      targets.set(t.id, t)
+      inFlight.set(t.source, (inFlight.get(t.source) ?? 0) + 1)
+      const { policy, deadlines } = Deadline.issueFor(req.config, t.source, req.now)
+      const a = Assignment.issued(t, { reservationId: nextReservation++, deviceId: req.deviceId, slot }, policy, deadlines)
+      assignments.set(a.reservationId, a)
+      events.set(a.reservationId, [])
+      issued.push(a)
+    }
+    return Either.right(issued)
+  }
+
   const store: StoreShape = {
     recordObservations: (batch, now) =>
       Effect.sync(() => {
@@ -90,38 +124,9 @@ export const make = (): StoreShape => {
       }),
 
     claim: (req) =>
-      Effect.suspend(() => {
-        const d = devices.get(req.deviceId)
-        if (!d || d.revokedAt !== null)
-          return Effect.fail(new ClaimRejected({ reason: "unknown_device", message: `device ${req.deviceId} is not registered or was revoked` }))
-        if (!Number.isInteger(req.slot) || req.slot < 0 || req.slot >= d.slots)
-          return Effect.fail(new ClaimRejected({ reason: "capacity", message: `slot ${req.slot} is outside the device's ${d.slots} slots` }))
-        const active = [...assignments.values()].filter((a) => a.state === "active")
-        const mine = active.filter((a) => a.deviceId === req.deviceId)
-        if (mine.some((a) => a.slot === req.slot))
-          return Effect.fail(new ClaimRejected({ reason: "slot_busy", message: `slot ${req.slot} already holds a reservation` }))
-        if (mine.length >= d.slots)
-          return Effect.fail(new ClaimRejected({ reason: "capacity", message: `device holds ${mine.length} of ${d.slots} slots` }))
-        const inFlight = new Map<Source, number>()
-        for (const a of active) inFlight.set(a.source, (inFlight.get(a.source) ?? 0) + 1)
-        let pick: Target.Target | undefined
-        for (const t of targets.values()) {
-          if (t.status !== "pending") continue
-          if (req.sources && !req.sources.includes(t.source)) continue
-          if (req.sourceCap !== undefined && (inFlight.get(t.source) ?? 0) >= req.sourceCap) continue
-          if (!pick || t.id < pick.id) pick = t
-        }
-        if (!pick) return Effect.succeed(null)
-        const claimed = Claim.claim(pick, pick.fence, req.now)
-        if (Either.isLeft(claimed)) return Effect.fail(claimed.left)
-        const t = claimed.right
-        targets.set(t.id, t)
-        const { policy, deadlines } = Deadline.issueFor(req.config, t.source, req.now)
-        const a = Assignment.issued(t, { reservationId: nextReservation++, deviceId: req.deviceId, slot: req.slot }, policy, deadlines)
-        assignments.set(a.reservationId, a)
-        events.set(a.reservationId, [])
-        return Effect.succeed(a)
-      }),
+      Effect.suspend(() => Either.match(claimSlots({ ...req, slots: [req.slot] }), { onLeft: Effect.fail, onRight: (as) => Effect.succeed(as[0] ?? null) })),
+
+    claimMany: (req) => Effect.suspend(() => claimSlots(req)),
 
     appendProgress: (auth, batch) =>
       Effect.suspend((): Effect.Effect<

@@ -48,6 +48,20 @@ export interface ClaimRequest {
   readonly sourceCap?: number
 }
 
+/** A batch claim: one device takes up to one target for each of the listed free slots. */
+export interface ClaimManyRequest {
+  readonly deviceId: number
+  /** The slots to fill, in the order they receive the lowest pending ids; each at most once. */
+  readonly slots: ReadonlyArray<number>
+  readonly now: number
+  /** The managed configuration in force; each target's source selects its policy. */
+  readonly config: ManagedConfig
+  /** Only claim targets of these sources (all when absent). */
+  readonly sources?: ReadonlyArray<Source>
+  /** Optional cap on in-flight assignments per source, fleet-wide (the batch's own claims count). */
+  readonly sourceCap?: number
+}
+
 /** A worker write's credentials: the reservation and the fence it was issued with. */
 export interface Authority {
   readonly deviceId: number
@@ -157,6 +171,13 @@ export class Store extends Context.Tag("@scanfleet/core/Store")<
     readonly promote: (source: Source, rule: PromoteRule, now: number) => Effect.Effect<PromoteResult, StoreError>
     /** Claims the next pending target for a device slot; `null` when nothing is pending. */
     readonly claim: (req: ClaimRequest) => Effect.Effect<Assignment | null, ClaimRejected | StoreError>
+    /**
+     * Claims up to one pending target per listed slot, lowest ids first, paired with the slots in
+     * their order; fewer (or none) when fewer are pending. Refused as a whole, changing nothing,
+     * for the first reason `claim` would give one of the slots (an unknown or revoked device, a
+     * slot out of range, busy or listed twice).
+     */
+    readonly claimMany: (req: ClaimManyRequest) => Effect.Effect<ReadonlyArray<Assignment>, ClaimRejected | StoreError>
     /** Appends progress events idempotently by (reservation, sequence); never renews anything. */
     readonly appendProgress: (
       auth: Authority,

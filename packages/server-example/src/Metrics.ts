@@ -90,6 +90,7 @@ export const make = (store: Store.StoreShape): Effect.Effect<{ readonly service:
       promote: (source: Source.Source, rule, now) =>
         Effect.tap(store.promote(source, rule, now), (r) => Effect.sync(() => r.promoted.length > 0 && promotions.inc({ source }, r.promoted.length))),
       claim: (req) => Effect.tap(store.claim(req), (a) => Effect.sync(() => a && claims.inc({ source: a.source }))),
+      claimMany: (req) => Effect.tap(store.claimMany(req), (as) => Effect.sync(() => as.forEach((a) => claims.inc({ source: a.source })))),
       appendProgress: (auth, events) =>
         Effect.tap(store.appendProgress(auth, events), (r) =>
           Effect.sync(() => {

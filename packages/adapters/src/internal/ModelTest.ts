@@ -19,6 +19,13 @@ type Cmd =
   | { readonly _tag: "discover"; readonly batch: ReadonlyArray<{ readonly source: Source.Source; readonly identity: string; readonly remoteAt: number | null }> }
   | { readonly _tag: "promote"; readonly source: Source.Source; readonly budget: number; readonly cooldownMs: number }
   | { readonly _tag: "claim"; readonly device: number; readonly slot: number; readonly sourceCap: number | undefined; readonly only: Source.Source | undefined }
+  | {
+      readonly _tag: "claimMany"
+      readonly device: number
+      readonly slots: ReadonlyArray<number>
+      readonly sourceCap: number | undefined
+      readonly only: Source.Source | undefined
+    }
   | { readonly _tag: "progress"; readonly pick: number; readonly mode: "next" | "random" | "duplicate" | "conflict"; readonly phase: number; readonly skip: number; readonly count: number }
   | { readonly _tag: "complete"; readonly pick: number; readonly outcome: Assignment.Outcome }
   | { readonly _tag: "release"; readonly pick: number }
@@ -48,6 +55,17 @@ const cmd: fc.Arbitrary<Cmd> = fc.oneof(
       _tag: fc.constant("claim" as const),
       device: fc.constantFrom(1, 1, 2, 3),
       slot: fc.integer({ min: 0, max: 2 }),
+      sourceCap: fc.option(fc.integer({ min: 0, max: 2 }), { nil: undefined }),
+      only: fc.option(fc.constantFrom(...sources), { nil: undefined, freq: 4 })
+    })
+  },
+  {
+    weight: 2,
+    arbitrary: fc.record({
+      _tag: fc.constant("claimMany" as const),
+      device: fc.constantFrom(1, 1, 2, 3),
+      // mostly distinct slots in range, sometimes a repeat or one past the device's two
+      slots: fc.oneof(fc.shuffledSubarray([0, 1]), fc.array(fc.integer({ min: 0, max: 2 }), { maxLength: 3 })),
       sourceCap: fc.option(fc.integer({ min: 0, max: 2 }), { nil: undefined }),
       only: fc.option(fc.constantFrom(...sources), { nil: undefined, freq: 4 })
     })
@@ -119,6 +137,8 @@ const step = (s: Store.StoreShape, c: Cmd, clock: number, picked: Assignment.Ass
       return s.promote(c.source, { budget: c.budget, cooldownMs: c.cooldownMs }, clock)
     case "claim":
       return s.claim({ deviceId: c.device, slot: c.slot, now: clock, config, sourceCap: c.sourceCap, ...(c.only ? { sources: [c.only] } : {}) })
+    case "claimMany":
+      return s.claimMany({ deviceId: c.device, slots: c.slots, now: clock, config, sourceCap: c.sourceCap, ...(c.only ? { sources: [c.only] } : {}) })
     case "progress": {
       if (!picked) return Effect.void
       const events: Array<PhaseModel.Event> = []
@@ -173,7 +193,7 @@ const runOne = (makeStore: () => Layer.Layer<Store.Store, unknown>, makeModel: (
   )
 
 /**
- * Checks that random sequences of discover, promote, claim, progress, complete,
+ * Checks that random sequences of discover, promote, claim (one slot or a batch), progress, complete,
  * fail, release, expire and clock advances give the same results and the same
  * observable state on the backend as on core's model.
  */

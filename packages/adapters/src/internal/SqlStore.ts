@@ -1,11 +1,11 @@
 import { SqlClient, Statement } from "@effect/sql"
 import { Effect, Either, Schedule } from "effect"
-import { Assignment, Claim, Deadline, Errors, Percentile, Source, Store } from "@scanfleet/core"
+import { Assignment, Claim, Deadline, Errors, Percentile, Source, Store, type Target } from "@scanfleet/core"
 import * as Codec from "./Codec.js"
 import * as Rollups from "./Rollups.js"
 import * as Rules from "./Rules.js"
 import { mapped } from "./SqlErrors.js"
-import { claimNext, claimStatement } from "./queries/claimNext.js"
+import { claimBatch, claimNext, claimStatement } from "./queries/claimNext.js"
 import * as Promote from "./queries/promote.js"
 import * as Record from "./queries/recordObservations.js"
 
@@ -68,41 +68,12 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         : Effect.succeed({ promoted: [], deferred: 0 }),
 
     claim: (req) =>
-      Effect.flatMap(isPg && req.sourceCap === undefined ? claimFast(req) : Effect.succeed(null), (fast) =>
-        fast !== null
-          ? Effect.succeed(fast)
-          : transaction(
-        Effect.gen(function* () {
-          const unknown = new Errors.ClaimRejected({ reason: "unknown_device", message: `device ${req.deviceId} is not registered or was revoked` })
-          if (!isId(req.deviceId)) return yield* unknown
-          // The device row lock serialises this device's claims, so its capacity holds under concurrency.
-          // On Postgres every claim also writes the row, so the fast path can tell that a claim came between.
-          const [d] = isPg
-            ? yield* sql<Row>`UPDATE devices SET slots = slots WHERE id = ${req.deviceId} RETURNING id, slots, revoked_at`
-            : yield* sql<Row>`SELECT id, slots, revoked_at FROM devices WHERE id = ${req.deviceId}`
-          if (!d || d.revoked_at !== null) return yield* unknown
-          const slots = Number(d.slots)
-          if (!Number.isInteger(req.slot) || req.slot < 0 || req.slot >= slots)
-            return yield* new Errors.ClaimRejected({ reason: "capacity", message: `slot ${req.slot} is outside the device's ${slots} slots` })
-          const mine = yield* sql<{ slot: number }>`SELECT slot FROM assignments WHERE device_id = ${req.deviceId} AND state = 'active'`
-          if (mine.some((a) => Number(a.slot) === req.slot))
-            return yield* new Errors.ClaimRejected({ reason: "slot_busy", message: `slot ${req.slot} already holds a reservation` })
-          if (mine.length >= slots) return yield* new Errors.ClaimRejected({ reason: "capacity", message: `device holds ${mine.length} of ${slots} slots` })
-          // A fleet-wide cap is a count over other devices' rows: serialise capped claims so two cannot both see room.
-          if (isPg && req.sourceCap !== undefined) yield* sql`SELECT pg_advisory_xact_lock(${CAP_LOCK})`
-          const t = yield* claimNext(sql, req, isPg)
-          if (t === null) return null
-          const { policy, deadlines } = Deadline.issueFor(req.config, t.source, req.now)
-          const [{ reservation_id }] = yield* sql<{ reservation_id: number }>`
-            INSERT INTO assignments (target_id, source, identity, device_id, slot, fence, policy, covered_remote_at,
-              issued_at, scan_deadline, upload_deadline, expires_at, state)
-            VALUES (${t.id}, ${t.source}, ${t.identity}, ${req.deviceId}, ${req.slot}, ${t.fence}, ${jsonParam(policy)}, ${t.coveredRemoteAt},
-              ${deadlines.issuedAt}, ${deadlines.scanDeadline}, ${deadlines.uploadDeadline}, ${deadlines.expiresAt}, 'active')
-            RETURNING reservation_id`
-          return Assignment.issued(t, { reservationId: Number(reservation_id), deviceId: req.deviceId, slot: req.slot }, policy, deadlines)
-        })
-      )
+      Effect.flatMap(isPg && req.sourceCap === undefined ? claimFast({ ...req, slots: [req.slot] }) : Effect.succeed(null), (fast) =>
+        Effect.map(fast !== null ? Effect.succeed(fast) : claimSlots({ ...req, slots: [req.slot] }), (as) => as[0] ?? null)
       ),
+
+    claimMany: (req) =>
+      Effect.flatMap(isPg && req.sourceCap === undefined ? claimFast(req) : Effect.succeed(null), (fast) => (fast !== null ? Effect.succeed(fast) : claimSlots(req))),
 
     appendProgress: (auth, batch) =>
       transaction(
@@ -400,52 +371,126 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
       )
   }
 
-  // Postgres, without a fleet-wide cap: the common successful claim in one statement. The
-  // locked device row must be the version in the statement's snapshot: every claim writes it,
-  // so no claim of this device committed unseen and the snapshot's count of its active
-  // assignments can only be too high (an assignment ended meanwhile), never too low. Any miss
-  // (refusal, empty queue, race) yields null and the transactional path decides.
-  function claimFast(req: Store.ClaimRequest): Effect.Effect<Assignment.Assignment | null, Errors.StoreError> {
-    if (![req.deviceId, req.slot, req.now].every(isId)) return Effect.succeed(null)
+  // Claims of one slot or several, in one transaction; it names the exact reason of a refusal.
+  function claimSlots(req: Store.ClaimManyRequest): Effect.Effect<ReadonlyArray<Assignment.Assignment>, Errors.ClaimRejected | Errors.StoreError> {
+    return transaction(
+      Effect.gen(function* () {
+        const unknown = new Errors.ClaimRejected({ reason: "unknown_device", message: `device ${req.deviceId} is not registered or was revoked` })
+        if (!isId(req.deviceId)) return yield* unknown
+        // The device row lock serialises this device's transactional claims and waits for its fast
+        // claims in flight (they hold a share lock on the row), so the reads below are exact.
+        const [d] = yield* sql<Row>`SELECT id, slots, revoked_at FROM devices WHERE id = ${req.deviceId}${forUpdate}`
+        if (!d || d.revoked_at !== null) return yield* unknown
+        const slots = Number(d.slots)
+        const mine = yield* sql<{ slot: number }>`SELECT slot FROM assignments WHERE device_id = ${req.deviceId} AND state = 'active'`
+        const refused = Claim.refuseSlots(slots, mine.map((a) => Number(a.slot)), req.slots)
+        if (refused) return yield* refused
+        if (req.slots.length === 0) return []
+        if (req.sourceCap === undefined) {
+          const taken = [...(yield* claimBatch(sql, req, isPg, req.slots.length))].sort((a, b) => a.id - b.id)
+          return taken.length === 0 ? [] : yield* insertAssignments(req.deviceId, slots, req, taken, req.slots)
+        }
+        // A fleet-wide cap is a count over other devices' rows: serialise capped claims so two cannot both
+        // see room, and take one target at a time, each stored before the next one is counted.
+        if (isPg) yield* sql`SELECT pg_advisory_xact_lock(${CAP_LOCK})`
+        const issued: Array<Assignment.Assignment> = []
+        for (const slot of req.slots) {
+          const t = yield* claimNext(sql, req, isPg)
+          if (t === null) break
+          issued.push(...(yield* insertAssignments(req.deviceId, slots, req, [t], [slot])))
+        }
+        return issued
+      })
+    )
+  }
+
+  // Stores the reservations of targets just claimed, the i-th target for the i-th slot, in one statement.
+  function insertAssignments(
+    deviceId: number,
+    deviceSlots: number,
+    req: { readonly now: number; readonly config: Store.ClaimManyRequest["config"] },
+    taken: ReadonlyArray<Target.Target>,
+    slots: ReadonlyArray<number>
+  ) {
+    const rows = taken.map((t, i) => ({ t, slot: slots[i], ...Deadline.issueFor(req.config, t.source, req.now) }))
+    return Effect.map(
+      sql<{ reservation_id: number; target_id: number }>`
+        INSERT INTO assignments (target_id, source, identity, device_id, device_slots, slot, fence, policy, covered_remote_at,
+          issued_at, scan_deadline, upload_deadline, expires_at, state)
+        VALUES ${sql.join(", ", false)(
+          rows.map(
+            ({ t, slot, policy, deadlines }) =>
+              sql`(${t.id}, ${t.source}, ${t.identity}, ${deviceId}, ${deviceSlots}, ${slot}, ${t.fence}, ${jsonParam(policy)}, ${t.coveredRemoteAt},
+                ${deadlines.issuedAt}, ${deadlines.scanDeadline}, ${deadlines.uploadDeadline}, ${deadlines.expiresAt}, 'active')`
+          )
+        )}
+        RETURNING reservation_id, target_id`,
+      (ids) => {
+        const byTarget = new Map(ids.map((r) => [Number(r.target_id), Number(r.reservation_id)]))
+        return rows.map(({ t, slot, policy, deadlines }) =>
+          Assignment.issued(t, { reservationId: byTarget.get(t.id)!, deviceId, slot }, policy, deadlines)
+        )
+      }
+    )
+  }
+
+  // Postgres, without a fleet-wide cap: the common successful claim of one slot or of a batch, in
+  // one statement. The device row is read with a share lock (claims of one device do not wait for
+  // each other; a revocation waits for them, and a claim that waited for a revocation sees it),
+  // every listed slot must be in range and free in the statement's snapshot, and the schema refuses
+  // the rest: a slot taken since by a concurrent claim violates the one-active-reservation-per-slot
+  // index, and that index with the slot range keeps the device within its capacity. Any miss (a
+  // refusal, an empty queue, such a violation) yields null and the transaction decides; when the
+  // queue holds fewer targets than slots, the batch returns what it took.
+  function claimFast(req: Store.ClaimManyRequest): Effect.Effect<ReadonlyArray<Assignment.Assignment> | null, Errors.StoreError> {
+    if (![req.deviceId, req.now].every(isId) || req.slots.length === 0 || !req.slots.every(isId) || new Set(req.slots).size !== req.slots.length)
+      return Effect.succeed(null)
     // Issued for every source it may take; a source the configuration cannot issue for is left to the transaction.
     const candidates = (req.sources ?? Source.sources).filter((s) => req.config.sources[s] !== undefined)
     if (candidates.length === 0 || candidates.length !== (req.sources ?? Source.sources).length) return Effect.succeed(null)
     const issued = new Map(candidates.map((s) => [s, Deadline.issueFor(req.config, s, req.now)] as const))
     const pick = (f: (i: ReturnType<typeof Deadline.issueFor>) => Statement.Fragment) =>
-      sql`CASE t.source ${sql.join(" ", false)([...issued].map(([s, i]) => sql`WHEN ${s}::text THEN ${f(i)}`))} END`
+      sql`CASE p.source ${sql.join(" ", false)([...issued].map(([s, i]) => sql`WHEN ${s}::text THEN ${f(i)}`))} END`
     const gate = sql`EXISTS (SELECT 1 FROM g)`
     return retryConflicts(
       mapped(
         Effect.map(
           sql<Row>`
-            WITH dev AS (
-              SELECT id, slots, xmin::text AS v FROM devices WHERE id = ${req.deviceId}::bigint AND revoked_at IS NULL FOR UPDATE
+            WITH req AS (
+              SELECT r.slot, r.ord FROM unnest(${req.slots}::int[]) WITH ORDINALITY AS r(slot, ord)
             ), g AS (
-              SELECT dev.id FROM dev JOIN devices s ON s.id = dev.id AND s.xmin::text = dev.v
-              WHERE ${req.slot}::bigint >= 0 AND ${req.slot}::bigint < dev.slots
-                AND (SELECT count(*) FROM assignments WHERE device_id = dev.id AND state = 'active') < dev.slots
-                AND NOT EXISTS (SELECT 1 FROM assignments WHERE device_id = dev.id AND state = 'active' AND slot = ${req.slot}::bigint)
-            ), bump AS (
-              UPDATE devices SET slots = devices.slots FROM g WHERE devices.id = g.id
-            ), t AS (${claimStatement(sql, req, true, gate)}
+              SELECT d.id, d.slots FROM devices d
+              WHERE d.id = ${req.deviceId}::bigint AND d.revoked_at IS NULL
+                AND NOT EXISTS (SELECT 1 FROM req WHERE req.slot < 0 OR req.slot >= d.slots)
+                AND NOT EXISTS (
+                  SELECT 1 FROM assignments a WHERE a.device_id = d.id AND a.state = 'active' AND a.slot IN (SELECT slot FROM req))
+              FOR SHARE
+            ), t AS (${claimStatement(sql, req, true, gate, req.slots.length)}
+            ), p AS (
+              SELECT t.*, row_number() OVER (ORDER BY t.id) AS ord FROM t
             ), ins AS (
-              INSERT INTO assignments (target_id, source, identity, device_id, slot, fence, policy, covered_remote_at,
+              INSERT INTO assignments (target_id, source, identity, device_id, device_slots, slot, fence, policy, covered_remote_at,
                 issued_at, scan_deadline, upload_deadline, expires_at, state)
-              SELECT t.id, t.source, t.identity, ${req.deviceId}::bigint, ${req.slot}::bigint, t.fence,
-                ${pick((i) => sql`${JSON.stringify(i.policy)}::jsonb`)}, t.covered_remote_at,
+              SELECT p.id, p.source, p.identity, g.id, g.slots, req.slot, p.fence,
+                ${pick((i) => sql`${JSON.stringify(i.policy)}::jsonb`)}, p.covered_remote_at,
                 ${pick((i) => sql`${i.deadlines.issuedAt}::bigint`)}, ${pick((i) => sql`${i.deadlines.scanDeadline}::bigint`)},
                 ${pick((i) => sql`${i.deadlines.uploadDeadline}::bigint`)}, ${pick((i) => sql`${i.deadlines.expiresAt}::bigint`)}, 'active'
-              FROM t
-              RETURNING reservation_id
+              FROM p JOIN req ON req.ord = p.ord CROSS JOIN g
+              RETURNING reservation_id, target_id, slot
             )
-            SELECT t.*, ins.reservation_id AS fast_reservation_id FROM t, ins`,
-          (rows) => {
-            if (rows.length === 0) return null
-            const t = Codec.target(rows[0])
-            const { policy, deadlines } = issued.get(t.source)!
-            return Assignment.issued(t, { reservationId: Number(rows[0].fast_reservation_id), deviceId: req.deviceId, slot: req.slot }, policy, deadlines)
-          }
+            SELECT p.*, ins.reservation_id AS fast_reservation_id, ins.slot AS fast_slot FROM p JOIN ins ON ins.target_id = p.id ORDER BY p.id`,
+          (rows) =>
+            rows.length === 0
+              ? null
+              : rows.map((r) => {
+                  const t = Codec.target(r)
+                  const { policy, deadlines } = issued.get(t.source)!
+                  return Assignment.issued(t, { reservationId: Number(r.fast_reservation_id), deviceId: req.deviceId, slot: Number(r.fast_slot) }, policy, deadlines)
+                })
         )
+      ).pipe(
+        // The schema refused a slot taken meanwhile: the transaction names the reason.
+        Effect.catchIf((e) => e.reason === "constraint", () => Effect.succeed(null))
       )
     )
   }

@@ -15,6 +15,7 @@ export const traced = (inner: Store.StoreShape): Store.StoreShape => {
     recordObservations: wrap("recordObservations", inner.recordObservations),
     promote: wrap("promote", inner.promote),
     claim: wrap("claim", inner.claim),
+    claimMany: wrap("claimMany", inner.claimMany),
     appendProgress: wrap("appendProgress", inner.appendProgress),
     submitResult: wrap("submitResult", inner.submitResult),
     release: wrap("release", inner.release),

@@ -20,12 +20,25 @@ export const claimNext = (
     rows.length === 0 ? null : (Codec.target(rows[0]) satisfies Target.Target)
   )
 
-/** The statement of `claimNext`; `gate`, when given, must hold for any target to be taken (a CTE may embed it). */
+/**
+ * Takes up to `limit` lowest-id pending targets at once, as `claimNext` takes one (rows in no
+ * particular order). The per-source cap is checked against the assignments stored before the
+ * statement, so a capped batch must be claimed one target at a time instead.
+ */
+export const claimBatch = (
+  sql: SqlClient.SqlClient,
+  req: { readonly now: number; readonly sources?: ReadonlyArray<Source.Source> },
+  skipLocked: boolean,
+  limit: number
+) => Effect.map(claimStatement(sql, req, skipLocked, undefined, limit), (rows) => rows.map((r) => Codec.target(r) satisfies Target.Target))
+
+/** The statement of `claimNext` (or of `claimBatch` with a `limit`); `gate`, when given, must hold for any target to be taken (a CTE may embed it). */
 export const claimStatement = (
   sql: SqlClient.SqlClient,
   req: { readonly now: number; readonly sources?: ReadonlyArray<Source.Source>; readonly sourceCap?: number },
   skipLocked: boolean,
-  gate?: Statement.Fragment
+  gate?: Statement.Fragment,
+  limit = 1
 ) => {
   const filters: Array<Statement.Fragment> = [sql`c.status = 'pending'`]
   if (gate) filters.push(gate)
@@ -35,6 +48,13 @@ export const claimStatement = (
   else if (req.sourceCap !== undefined)
     filters.push(sql`c.source NOT IN (
       SELECT a.source FROM assignments a WHERE a.state = 'active' GROUP BY a.source HAVING count(*) >= CAST(${req.sourceCap} AS DOUBLE PRECISION))`)
+  const pick = sql`
+      SELECT c.id FROM targets c
+      WHERE ${sql.and(filters)}
+      ORDER BY c.id
+      LIMIT ${sql.literal(String(Math.max(0, Math.floor(limit))))}${skipLocked ? sql.literal(" FOR UPDATE SKIP LOCKED") : sql.literal("")}`
+  // Several ids: an array built once (Postgres) keeps the plan an index probe per id rather than a join.
+  const ids = limit === 1 ? sql`id = (${pick})` : skipLocked ? sql`id = ANY (ARRAY(${pick}))` : sql`id IN (${pick})`
   return sql`
     UPDATE targets SET
       status = 'in_progress',
@@ -42,11 +62,6 @@ export const claimStatement = (
       fence = fence + 1,
       last_scan_started_at = ${req.now},
       attempts = attempts + 1
-    WHERE status = 'pending' AND id = (
-      SELECT c.id FROM targets c
-      WHERE ${sql.and(filters)}
-      ORDER BY c.id
-      LIMIT 1${skipLocked ? sql.literal(" FOR UPDATE SKIP LOCKED") : sql.literal("")}
-    )
+    WHERE status = 'pending' AND ${ids}
     RETURNING ${sql.literal(Codec.targetColumns)}`
 }

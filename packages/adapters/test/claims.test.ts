@@ -1,0 +1,48 @@
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Layer } from "effect"
+import { inject } from "vitest"
+import { Config, type Assignment } from "@scanfleet/core"
+import * as PgStore from "../src/PgStore.js"
+import { capturing } from "./support/PgCapture.js"
+import { schema, urlFor } from "./support/PgSchema.js"
+
+const T0 = Date.UTC(2025, 0, 1)
+const config = Config.defaults
+
+describe("claims on PostgreSQL are one statement when they succeed", () => {
+  it.live("a claim, a batch claim of 64 slots, and concurrent claims of one device's 8 slots each take one round trip", () =>
+    Effect.gen(function* () {
+      const name = yield* schema(inject("pgUrl"))
+      const wire = capturing(urlFor(inject("pgUrl"), name), 10)
+      const store = yield* Effect.provide(PgStore.make, yield* Layer.build(wire.layer))
+      yield* store.recordObservations(Array.from({ length: 200 }, (_, i) => ({ source: "github" as const, identity: `c/${i}`, remoteAt: null })), T0)
+      const [single, batch, shared] = yield* Effect.forEach([1, 64, 8], (slots, i) => store.addDevice({ name: `d${i}`, slots, tokenHash: `h${i}`, now: T0 }))
+      const trips = <A, E>(self: Effect.Effect<A, E>) =>
+        Effect.gen(function* () {
+          const from = wire.sent.length
+          const value = yield* self
+          return { value, trips: wire.sent.length - from }
+        })
+      const finish = (a: Assignment.Assignment) =>
+        store.submitResult({ deviceId: a.deviceId, reservationId: a.reservationId, fence: a.fence, now: T0 + 1, outcome: "clean", finalPhase: null, body: "{}" })
+
+      const one = yield* trips(store.claim({ deviceId: single.id, slot: 0, now: T0, config }))
+      expect(one.value?.identity).toBe("c/0")
+      expect(one.trips).toBe(1)
+
+      const many = yield* trips(store.claimMany({ deviceId: batch.id, slots: Array.from({ length: 64 }, (_, i) => 63 - i), now: T0, config }))
+      expect(many.value.map((a) => a.identity)).toEqual(Array.from({ length: 64 }, (_, i) => `c/${i + 1}`))
+      expect(many.value.map((a) => a.slot)).toEqual(Array.from({ length: 64 }, (_, i) => 63 - i))
+      expect(many.trips).toBe(1)
+      const done = yield* trips(Effect.all(many.value.map(finish), { concurrency: 8 }))
+      expect(done.trips).toBe(64)
+
+      // The slots of one device claim at once and do not wait for each other, round after round.
+      for (let round = 0; round < 5; round++) {
+        const got = yield* trips(Effect.all([0, 1, 2, 3, 4, 5, 6, 7].map((slot) => store.claim({ deviceId: shared.id, slot, now: T0, config })), { concurrency: "unbounded" }))
+        expect(got.value.every((a) => a !== null)).toBe(true)
+        expect(got.trips).toBe(8)
+        yield* Effect.all(got.value.map((a) => finish(a!)), { concurrency: "unbounded" })
+      }
+    }).pipe(Effect.scoped), 60_000)
+})
