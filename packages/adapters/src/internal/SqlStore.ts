@@ -6,6 +6,7 @@ import * as Rollups from "./Rollups.js"
 import * as Rules from "./Rules.js"
 import { mapped } from "./SqlErrors.js"
 import { claimBatch, claimNext, claimStatement } from "./queries/claimNext.js"
+import * as Progress from "./queries/appendProgress.js"
 import * as Promote from "./queries/promote.js"
 import * as Record from "./queries/recordObservations.js"
 
@@ -76,36 +77,19 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
       Effect.flatMap(isPg && req.sourceCap === undefined ? claimFast(req) : Effect.succeed(null), (fast) => (fast !== null ? Effect.succeed(fast) : claimSlots(req))),
 
     appendProgress: (auth, batch) =>
-      transaction(
-        Effect.gen(function* () {
-          // Locking the reservation serialises retries of one batch, so a sequence is stored once.
-          const a = yield* authorized(auth)
-          const seqs = [...new Set(batch.map((e) => e.seq))].filter(Number.isSafeInteger)
-          const stored =
-            seqs.length === 0
-              ? []
-              : (yield* sql<Row>`SELECT * FROM progress_events WHERE reservation_id = ${a.reservationId} AND seq IN ${sql.in(seqs)}`).map(Codec.event)
-          const plan = Rules.planProgress(a, stored, batch, auth.now)
-          if (Either.isLeft(plan)) return yield* Effect.fail(plan.left)
-          const { fresh, assignment, results } = plan.right
-          if (fresh.length > 0) {
-            yield* sql`INSERT INTO progress_events ${sql.insert(
-              fresh.map((e) => ({
-                reservation_id: a.reservationId,
-                seq: e.seq,
-                kind: e.kind,
-                phase: e.phase,
-                at: e.at,
-                detail: e.detail ?? null,
-                accepted_at: e.acceptedAt
-              }))
-            )}`
-            yield* sql`UPDATE assignments SET last_phase = ${assignment.lastPhase}, last_seq = ${assignment.lastSeq},
-              last_progress_at = ${assignment.lastProgressAt} WHERE reservation_id = ${a.reservationId}`
-          }
-          return { results, assignment }
-        })
-      ),
+      isPg
+        ? // One statement for a batch that starts where the timeline ends, two when it must be read
+          // first; the transaction below only when a concurrent batch moved the reservation in between.
+          Effect.flatMap(
+            retryConflicts(
+              mapped(Progress.pg(sql, auth, batch)).pipe(
+                // a duplicate key can only mean a batch raced this one: the transaction decides
+                Effect.catchIf((e) => e instanceof Errors.StoreError && e.reason === "constraint", () => Effect.succeed(null))
+              )
+            ),
+            (fast) => (fast !== null ? Effect.succeed(fast) : transaction(Progress.pgLocked(sql, auth, batch)))
+          )
+        : retryConflicts(mapped(sql.withTransaction(Progress.sqlite(sql, auth, batch, writeLock)))),
 
     submitResult: (input) =>
       Effect.flatMap(isPg ? submitFast(input) : Effect.succeed(null), (fast) =>
