@@ -64,8 +64,39 @@ CREATE TABLE duration_rollups (
   metric text NOT NULL,
   outcome text NOT NULL,
   start bigint NOT NULL,
-  bucket integer NOT NULL,
-  n bigint NOT NULL
+  chunk integer NOT NULL,
+  c0 integer DEFAULT 0 NOT NULL,
+  c1 integer DEFAULT 0 NOT NULL,
+  c2 integer DEFAULT 0 NOT NULL,
+  c3 integer DEFAULT 0 NOT NULL,
+  c4 integer DEFAULT 0 NOT NULL,
+  c5 integer DEFAULT 0 NOT NULL,
+  c6 integer DEFAULT 0 NOT NULL,
+  c7 integer DEFAULT 0 NOT NULL,
+  c8 integer DEFAULT 0 NOT NULL,
+  c9 integer DEFAULT 0 NOT NULL,
+  c10 integer DEFAULT 0 NOT NULL,
+  c11 integer DEFAULT 0 NOT NULL,
+  c12 integer DEFAULT 0 NOT NULL,
+  c13 integer DEFAULT 0 NOT NULL,
+  c14 integer DEFAULT 0 NOT NULL,
+  c15 integer DEFAULT 0 NOT NULL,
+  c16 integer DEFAULT 0 NOT NULL,
+  c17 integer DEFAULT 0 NOT NULL,
+  c18 integer DEFAULT 0 NOT NULL,
+  c19 integer DEFAULT 0 NOT NULL,
+  c20 integer DEFAULT 0 NOT NULL,
+  c21 integer DEFAULT 0 NOT NULL,
+  c22 integer DEFAULT 0 NOT NULL,
+  c23 integer DEFAULT 0 NOT NULL,
+  c24 integer DEFAULT 0 NOT NULL,
+  c25 integer DEFAULT 0 NOT NULL,
+  c26 integer DEFAULT 0 NOT NULL,
+  c27 integer DEFAULT 0 NOT NULL,
+  c28 integer DEFAULT 0 NOT NULL,
+  c29 integer DEFAULT 0 NOT NULL,
+  c30 integer DEFAULT 0 NOT NULL,
+  c31 integer DEFAULT 0 NOT NULL
 );
 
 CREATE TABLE durations (
@@ -125,7 +156,7 @@ ALTER TABLE cycles ADD CONSTRAINT cycles_pkey PRIMARY KEY (id);
 ALTER TABLE devices ADD CONSTRAINT devices_id_slots_key UNIQUE (id, slots);
 ALTER TABLE devices ADD CONSTRAINT devices_pkey PRIMARY KEY (id);
 ALTER TABLE devices ADD CONSTRAINT devices_slots_check CHECK ((slots >= 0));
-ALTER TABLE duration_rollups ADD CONSTRAINT duration_rollups_pkey PRIMARY KEY (span, source, metric, outcome, start, bucket);
+ALTER TABLE duration_rollups ADD CONSTRAINT duration_rollups_pkey PRIMARY KEY (span, source, metric, outcome, start, chunk);
 ALTER TABLE durations ADD CONSTRAINT durations_pkey PRIMARY KEY (id);
 ALTER TABLE progress_events ADD CONSTRAINT progress_events_pkey PRIMARY KEY (reservation_id, seq);
 ALTER TABLE progress_events ADD CONSTRAINT progress_events_reservation_id_fkey FOREIGN KEY (reservation_id) REFERENCES assignments(reservation_id);
@@ -149,7 +180,7 @@ CREATE INDEX cycles_source_idx ON cycles USING btree (source, id);
 CREATE UNIQUE INDEX devices_id_slots_key ON devices USING btree (id, slots);
 CREATE UNIQUE INDEX devices_pkey ON devices USING btree (id);
 CREATE INDEX devices_token_hash_idx ON devices USING btree (token_hash) WHERE (revoked_at IS NULL);
-CREATE UNIQUE INDEX duration_rollups_pkey ON duration_rollups USING btree (span, source, metric, outcome, start, bucket);
+CREATE UNIQUE INDEX duration_rollups_pkey ON duration_rollups USING btree (span, source, metric, outcome, start, chunk);
 CREATE UNIQUE INDEX durations_pkey ON durations USING btree (id);
 CREATE INDEX durations_source_idx ON durations USING btree (source, metric, outcome, at);
 CREATE INDEX durations_window_idx ON durations USING btree (at);
@@ -171,19 +202,14 @@ CREATE OR REPLACE FUNCTION duration_rollups_add()
  LANGUAGE plpgsql
 AS $function$
     BEGIN
-      -- Keys in one order for every statement, so concurrent inserts lock rollup rows in
-      -- the same order and cannot deadlock on each other.
-      INSERT INTO duration_rollups AS r (span, source, metric, outcome, start, bucket, n)
-      SELECT s.span, d.source, d.metric, d.outcome, d.at - ((d.at % s.span) + s.span) % s.span, d.bucket, count(*)
-      FROM (
-        SELECT source, metric, outcome, at,
-          CASE WHEN NOT (ms >= 1e-6) THEN -100000 WHEN ms > 1e300 THEN 38376
-            ELSE CAST(ceil(ln(ms) / 0.018000486023620893::float8) AS INTEGER) END AS bucket
-        FROM new_durations
-      ) d CROSS JOIN (VALUES (3600000::bigint), (86400000::bigint)) AS s(span)
-      GROUP BY 1, 2, 3, 4, 5, 6
+      INSERT INTO duration_rollups AS r (span, source, metric, outcome, start, chunk, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22, c23, c24, c25, c26, c27, c28, c29, c30, c31)
+      
+  SELECT s.span, d.source, d.metric, d.outcome, d.at - ((d.at % s.span) + s.span) % s.span, d.bucket >> 5, count(*) FILTER (WHERE d.bucket & 31 = 0), count(*) FILTER (WHERE d.bucket & 31 = 1), count(*) FILTER (WHERE d.bucket & 31 = 2), count(*) FILTER (WHERE d.bucket & 31 = 3), count(*) FILTER (WHERE d.bucket & 31 = 4), count(*) FILTER (WHERE d.bucket & 31 = 5), count(*) FILTER (WHERE d.bucket & 31 = 6), count(*) FILTER (WHERE d.bucket & 31 = 7), count(*) FILTER (WHERE d.bucket & 31 = 8), count(*) FILTER (WHERE d.bucket & 31 = 9), count(*) FILTER (WHERE d.bucket & 31 = 10), count(*) FILTER (WHERE d.bucket & 31 = 11), count(*) FILTER (WHERE d.bucket & 31 = 12), count(*) FILTER (WHERE d.bucket & 31 = 13), count(*) FILTER (WHERE d.bucket & 31 = 14), count(*) FILTER (WHERE d.bucket & 31 = 15), count(*) FILTER (WHERE d.bucket & 31 = 16), count(*) FILTER (WHERE d.bucket & 31 = 17), count(*) FILTER (WHERE d.bucket & 31 = 18), count(*) FILTER (WHERE d.bucket & 31 = 19), count(*) FILTER (WHERE d.bucket & 31 = 20), count(*) FILTER (WHERE d.bucket & 31 = 21), count(*) FILTER (WHERE d.bucket & 31 = 22), count(*) FILTER (WHERE d.bucket & 31 = 23), count(*) FILTER (WHERE d.bucket & 31 = 24), count(*) FILTER (WHERE d.bucket & 31 = 25), count(*) FILTER (WHERE d.bucket & 31 = 26), count(*) FILTER (WHERE d.bucket & 31 = 27), count(*) FILTER (WHERE d.bucket & 31 = 28), count(*) FILTER (WHERE d.bucket & 31 = 29), count(*) FILTER (WHERE d.bucket & 31 = 30), count(*) FILTER (WHERE d.bucket & 31 = 31)
+  FROM (SELECT source, metric, outcome, at, CASE WHEN NOT (ms >= 1e-6) THEN -100000 WHEN ms > 1e300 THEN 38376
+  ELSE CAST(ceil(ln(ms) / 0.018000486023620893::float8) AS INTEGER) END AS bucket FROM new_durations) AS d CROSS JOIN (VALUES (86400000::bigint), (3600000::bigint), (600000::bigint)) AS s(span)
+  GROUP BY 1, 2, 3, 4, 5, 6
       ORDER BY 1, 2, 3, 4, 5, 6
-      ON CONFLICT (span, source, metric, outcome, start, bucket) DO UPDATE SET n = r.n + excluded.n;
+      ON CONFLICT (span, source, metric, outcome, start, chunk) DO UPDATE SET c0 = r.c0 + excluded.c0, c1 = r.c1 + excluded.c1, c2 = r.c2 + excluded.c2, c3 = r.c3 + excluded.c3, c4 = r.c4 + excluded.c4, c5 = r.c5 + excluded.c5, c6 = r.c6 + excluded.c6, c7 = r.c7 + excluded.c7, c8 = r.c8 + excluded.c8, c9 = r.c9 + excluded.c9, c10 = r.c10 + excluded.c10, c11 = r.c11 + excluded.c11, c12 = r.c12 + excluded.c12, c13 = r.c13 + excluded.c13, c14 = r.c14 + excluded.c14, c15 = r.c15 + excluded.c15, c16 = r.c16 + excluded.c16, c17 = r.c17 + excluded.c17, c18 = r.c18 + excluded.c18, c19 = r.c19 + excluded.c19, c20 = r.c20 + excluded.c20, c21 = r.c21 + excluded.c21, c22 = r.c22 + excluded.c22, c23 = r.c23 + excluded.c23, c24 = r.c24 + excluded.c24, c25 = r.c25 + excluded.c25, c26 = r.c26 + excluded.c26, c27 = r.c27 + excluded.c27, c28 = r.c28 + excluded.c28, c29 = r.c29 + excluded.c29, c30 = r.c30 + excluded.c30, c31 = r.c31 + excluded.c31;
       RETURN NULL;
     END
     $function$;

@@ -63,9 +63,9 @@ CREATE TABLE duration_rollups (
       metric TEXT NOT NULL,
       outcome TEXT NOT NULL,
       start BIGINT NOT NULL,
-      bucket INTEGER NOT NULL,
-      n BIGINT NOT NULL,
-      PRIMARY KEY (span, source, metric, outcome, start, bucket)
+      chunk INTEGER NOT NULL,
+      c0 INTEGER NOT NULL DEFAULT 0, c1 INTEGER NOT NULL DEFAULT 0, c2 INTEGER NOT NULL DEFAULT 0, c3 INTEGER NOT NULL DEFAULT 0, c4 INTEGER NOT NULL DEFAULT 0, c5 INTEGER NOT NULL DEFAULT 0, c6 INTEGER NOT NULL DEFAULT 0, c7 INTEGER NOT NULL DEFAULT 0, c8 INTEGER NOT NULL DEFAULT 0, c9 INTEGER NOT NULL DEFAULT 0, c10 INTEGER NOT NULL DEFAULT 0, c11 INTEGER NOT NULL DEFAULT 0, c12 INTEGER NOT NULL DEFAULT 0, c13 INTEGER NOT NULL DEFAULT 0, c14 INTEGER NOT NULL DEFAULT 0, c15 INTEGER NOT NULL DEFAULT 0, c16 INTEGER NOT NULL DEFAULT 0, c17 INTEGER NOT NULL DEFAULT 0, c18 INTEGER NOT NULL DEFAULT 0, c19 INTEGER NOT NULL DEFAULT 0, c20 INTEGER NOT NULL DEFAULT 0, c21 INTEGER NOT NULL DEFAULT 0, c22 INTEGER NOT NULL DEFAULT 0, c23 INTEGER NOT NULL DEFAULT 0, c24 INTEGER NOT NULL DEFAULT 0, c25 INTEGER NOT NULL DEFAULT 0, c26 INTEGER NOT NULL DEFAULT 0, c27 INTEGER NOT NULL DEFAULT 0, c28 INTEGER NOT NULL DEFAULT 0, c29 INTEGER NOT NULL DEFAULT 0, c30 INTEGER NOT NULL DEFAULT 0, c31 INTEGER NOT NULL DEFAULT 0,
+      PRIMARY KEY (span, source, metric, outcome, start, chunk)
     ) WITHOUT ROWID;
 
 CREATE TABLE durations (
@@ -140,12 +140,12 @@ CREATE INDEX devices_token_hash_idx ON devices (token_hash) WHERE revoked_at IS 
 
 CREATE TRIGGER durations_rollup AFTER INSERT ON durations
     BEGIN
-      INSERT INTO duration_rollups (span, source, metric, outcome, start, bucket, n)
-      SELECT s.span, NEW.source, NEW.metric, NEW.outcome, NEW.at - ((NEW.at % s.span) + s.span) % s.span,
-        CASE WHEN NOT (NEW.ms >= 1e-6) THEN -100000 WHEN NEW.ms > 1e300 THEN 38376
-          ELSE CAST(ceil(ln(NEW.ms) / 0.018000486023620893) AS INTEGER) END, 1
-      FROM (SELECT 3600000 AS span UNION ALL SELECT 86400000) AS s WHERE true
-      ON CONFLICT (span, source, metric, outcome, start, bucket) DO UPDATE SET n = n + 1;
+      INSERT INTO duration_rollups (span, source, metric, outcome, start, chunk, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22, c23, c24, c25, c26, c27, c28, c29, c30, c31)
+      SELECT s.span, NEW.source, NEW.metric, NEW.outcome, NEW.at - ((NEW.at % s.span) + s.span) % s.span, b.bucket >> 5,
+        b.bucket & 31 = 0, b.bucket & 31 = 1, b.bucket & 31 = 2, b.bucket & 31 = 3, b.bucket & 31 = 4, b.bucket & 31 = 5, b.bucket & 31 = 6, b.bucket & 31 = 7, b.bucket & 31 = 8, b.bucket & 31 = 9, b.bucket & 31 = 10, b.bucket & 31 = 11, b.bucket & 31 = 12, b.bucket & 31 = 13, b.bucket & 31 = 14, b.bucket & 31 = 15, b.bucket & 31 = 16, b.bucket & 31 = 17, b.bucket & 31 = 18, b.bucket & 31 = 19, b.bucket & 31 = 20, b.bucket & 31 = 21, b.bucket & 31 = 22, b.bucket & 31 = 23, b.bucket & 31 = 24, b.bucket & 31 = 25, b.bucket & 31 = 26, b.bucket & 31 = 27, b.bucket & 31 = 28, b.bucket & 31 = 29, b.bucket & 31 = 30, b.bucket & 31 = 31
+      FROM (SELECT CASE WHEN NOT (NEW.ms >= 1e-6) THEN -100000 WHEN NEW.ms > 1e300 THEN 38376
+  ELSE CAST(ceil(ln(NEW.ms) / 0.018000486023620893) AS INTEGER) END AS bucket) AS b CROSS JOIN (SELECT 86400000 AS span UNION ALL SELECT 3600000 UNION ALL SELECT 600000) AS s WHERE true
+      ON CONFLICT (span, source, metric, outcome, start, chunk) DO UPDATE SET c0 = c0 + excluded.c0, c1 = c1 + excluded.c1, c2 = c2 + excluded.c2, c3 = c3 + excluded.c3, c4 = c4 + excluded.c4, c5 = c5 + excluded.c5, c6 = c6 + excluded.c6, c7 = c7 + excluded.c7, c8 = c8 + excluded.c8, c9 = c9 + excluded.c9, c10 = c10 + excluded.c10, c11 = c11 + excluded.c11, c12 = c12 + excluded.c12, c13 = c13 + excluded.c13, c14 = c14 + excluded.c14, c15 = c15 + excluded.c15, c16 = c16 + excluded.c16, c17 = c17 + excluded.c17, c18 = c18 + excluded.c18, c19 = c19 + excluded.c19, c20 = c20 + excluded.c20, c21 = c21 + excluded.c21, c22 = c22 + excluded.c22, c23 = c23 + excluded.c23, c24 = c24 + excluded.c24, c25 = c25 + excluded.c25, c26 = c26 + excluded.c26, c27 = c27 + excluded.c27, c28 = c28 + excluded.c28, c29 = c29 + excluded.c29, c30 = c30 + excluded.c30, c31 = c31 + excluded.c31;
     END;
 
 CREATE INDEX durations_source_idx ON durations (source, metric, outcome, at);

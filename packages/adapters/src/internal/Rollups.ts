@@ -1,37 +1,39 @@
 import { Percentile } from "@scanfleet/core"
 
-/** The rollup spans migration 0005 maintains (ms). */
-export const HOUR = 3_600_000
-export const DAY = 86_400_000
+/** The rollup spans migration 0005 maintains (ms), longest first. */
+export const spans: ReadonlyArray<number> = [86_400_000, 3_600_000, 600_000]
+
+/** Log buckets per rollup row: chunk = bucket >> 5, column c<bucket & 31>. */
+export const width = 32
 
 /** A stretch of a percentile window: whole rollups of one span, or raw rows. */
 export type Part =
   | { readonly _tag: "rollup"; readonly span: number; readonly from: number; readonly to: number }
   | { readonly _tag: "raw"; readonly from: number; readonly to: number }
 
-const up = (t: number, s: number) => Math.ceil(t / s) * s
-const down = (t: number, s: number) => Math.floor(t / s) * s
-
 /**
- * Splits [from, to) into whole days, whole hours at the edges of the days, and
- * the raw rows of the partial hours at the window's two ends: the parts are
+ * Splits [from, to) into whole days, whole hours and whole ten minutes towards
+ * its edges, and the raw rows of what is left at its two ends: the parts are
  * disjoint and cover the window exactly, so the merged counts are those of the
  * window itself.
  */
 export const plan = (from: number, to: number): ReadonlyArray<Part> => {
-  if (!(from < to)) return []
-  const hs = up(from, HOUR), he = down(to, HOUR)
-  if (!(hs < he) || !Number.isSafeInteger(hs) || !Number.isSafeInteger(he)) return [{ _tag: "raw", from, to }]
   const parts: Array<Part> = []
-  const rollup = (span: number, a: number, b: number) => a < b && parts.push({ _tag: "rollup", span, from: a, to: b })
-  const ds = up(from, DAY), de = down(to, DAY)
-  if (ds < de) {
-    rollup(HOUR, hs, ds)
-    rollup(DAY, ds, de)
-    rollup(HOUR, de, he)
-  } else rollup(HOUR, hs, he)
-  if (from < hs) parts.unshift({ _tag: "raw", from, to: hs })
-  if (he < to) parts.push({ _tag: "raw", from: he, to })
+  const go = (a: number, b: number, level: number): void => {
+    if (!(a < b)) return
+    const s = spans[level]
+    const lo = s === undefined ? Number.NaN : Math.ceil(a / s) * s
+    const hi = s === undefined ? Number.NaN : Math.floor(b / s) * s
+    if (!(lo < hi && Number.isSafeInteger(lo) && Number.isSafeInteger(hi))) {
+      if (s === undefined) parts.push({ _tag: "raw", from: a, to: b })
+      else go(a, b, level + 1)
+      return
+    }
+    go(a, lo, level + 1)
+    parts.push({ _tag: "rollup", span: s, from: lo, to: hi })
+    go(hi, b, level + 1)
+  }
+  go(from, to, 0)
   return parts
 }
 

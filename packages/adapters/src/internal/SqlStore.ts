@@ -263,53 +263,52 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         if (q.outcome) fs.push(sql`outcome = ${q.outcome}`)
         return sql.and(fs)
       }
-      // Whole days and hours come from the rollups, the partial hours at the two ends
-      // from raw rows: counts of exactly the window, in log buckets.
+      const slots = Array.from({ length: Rollups.width }, (_, i) => i)
+      // Raw rows group by bytes, as the rollups' "C" columns do on Postgres.
+      const bytes = isPg ? ' COLLATE "C"' : ""
+      // Whole days, hours and ten minutes come from the rollups, what is left at the two
+      // ends from raw rows: counts of exactly the window, in log buckets.
       const parts = Rollups.plan(q.from, q.to).map((p) =>
         p._tag === "rollup"
-          ? sql`SELECT source, metric, outcome, bucket, n FROM duration_rollups
+          ? sql`SELECT source, metric, outcome, chunk, ${sql.literal(slots.map((i) => `c${i}`).join(", "))} FROM duration_rollups
               WHERE ${filters(sql`span = ${p.span} AND start >= ${p.from} AND start < ${p.to}`)}`
-          : sql`SELECT source, metric, outcome, ${sql.literal(Rollups.bucketSql("ms"))} AS bucket, 1 AS n FROM durations
-              WHERE ${filters(sql`at >= ${p.from} AND at < ${p.to}`)}`
+          : sql`SELECT source${sql.literal(bytes)} AS source, metric${sql.literal(bytes)} AS metric, outcome${sql.literal(bytes)} AS outcome,
+              b >> 5 AS chunk, ${sql.literal(slots.map((i) => `CASE WHEN b & 31 = ${i} THEN 1 ELSE 0 END AS c${i}`).join(", "))}
+              FROM (SELECT source, metric, outcome, ${sql.literal(Rollups.bucketSql("ms"))} AS b FROM durations
+                WHERE ${filters(sql`at >= ${p.from} AND at < ${p.to}`)}) AS r`
       )
       if (parts.length === 0) return Effect.succeed([])
-      // For each level, the buckets holding its two closest ranks (Percentile.ranks): the
-      // first bucket whose running count passes the rank. Counts are summed as doubles,
-      // exact below 2^53, so the ranks are computed as core computes them.
-      const picks = Percentile.levels
-        .map((p, i) => {
-          const rank = `${p} * (total - 1)`
-          return `min(CASE WHEN cum > floor(${rank}) THEN bucket END) AS lo${i}, min(CASE WHEN cum > ceil(${rank}) THEN bucket END) AS hi${i}`
-        })
-        .join(", ")
       return mapped(
         Effect.map(
           sql<Row>`
-            WITH h AS (
-              SELECT source, metric, outcome, bucket, CAST(sum(n) AS DOUBLE PRECISION) AS n
-              FROM (${sql.join(" UNION ALL ", false)(parts)}) AS u
-              GROUP BY source, metric, outcome, bucket
-            ), c AS (
-              SELECT source, metric, outcome, bucket,
-                sum(n) OVER (PARTITION BY source, metric, outcome ORDER BY bucket) AS cum,
-                sum(n) OVER (PARTITION BY source, metric, outcome) AS total
-              FROM h
-            )
-            SELECT source, metric, outcome, max(total) AS n, ${sql.literal(picks)}
-            FROM c GROUP BY source, metric, outcome`,
-          (rows) =>
-            rows
-              .map((r): Store.PercentileRow => {
-                const n = Number(r.n)
-                const at = (i: number) => Percentile.fromBuckets(n, Percentile.levels[i], Number(r[`lo${i}`]), Number(r[`hi${i}`]))
-                return {
-                  source: r.source as Store.PercentileRow["source"],
-                  metric: r.metric as Store.PercentileRow["metric"],
-                  outcome: r.outcome as Store.PercentileRow["outcome"],
-                  ...Percentile.label(n, [at(0), at(1), at(2)], q.minSamples)
-                }
-              })
+            SELECT source, metric, outcome, chunk, ${sql.literal(slots.map((i) => `CAST(sum(c${i}) AS DOUBLE PRECISION) AS c${i}`).join(", "))}
+            FROM (${sql.join(" UNION ALL ", false)(parts)}) AS u
+            GROUP BY source, metric, outcome, chunk`,
+          (rows) => {
+            // One histogram per group, merged from its chunks, read by core's rank rule.
+            const groups = new Map<string, { key: Row; h: Map<number, number> }>()
+            for (const r of rows) {
+              const k = `${r.source}/${r.metric}/${r.outcome}`
+              const g = groups.get(k) ?? { key: r, h: new Map<number, number>() }
+              groups.set(k, g)
+              const base = Number(r.chunk) * Rollups.width
+              for (const i of slots) {
+                const c = Number(r[`c${i}`])
+                if (c > 0) g.h.set(base + i, (g.h.get(base + i) ?? 0) + c)
+              }
+            }
+            return [...groups.values()]
+              .filter((g) => g.h.size > 0)
+              .map(
+                (g): Store.PercentileRow => ({
+                  source: g.key.source as Store.PercentileRow["source"],
+                  metric: g.key.metric as Store.PercentileRow["metric"],
+                  outcome: g.key.outcome as Store.PercentileRow["outcome"],
+                  ...Percentile.summarizeHistogram(g.h, q.minSamples)
+                })
+              )
               .sort((a, b) => byText(a.source, b.source) || byText(a.metric, b.metric) || byText(a.outcome, b.outcome))
+          }
         )
       )
     },
