@@ -1,7 +1,7 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer, Redacted } from "effect"
 import { inject } from "vitest"
-import { Store, type Target } from "@scanfleet/core"
+import { Config, type PhaseModel, Store, type Target } from "@scanfleet/core"
 import * as PgStore from "../src/PgStore.js"
 import { countStatements } from "./support/Counting.js"
 import { capturing } from "./support/PgCapture.js"
@@ -44,4 +44,59 @@ describe("recording a batch of 10,000 observations costs O(1) round trips", () =
       const r = yield* countStatements(store.recordObservations(batch(10_000, T0), T0))
       expect(r.statements).toBe(1)
     }).pipe(Effect.scoped))
+})
+
+const stagePhases = ["assigned", "permit_wait", "preparing", "acquiring", "scanning", "filtering", "cleanup", "staging"] as const
+const progress = (from: number, n: number): ReadonlyArray<PhaseModel.Event> =>
+  Array.from({ length: n }, (_, i) => {
+    const seq = from + i
+    return seq <= stagePhases.length
+      ? { seq, kind: "phase", phase: stagePhases[seq - 1], at: T0 + seq }
+      : { seq, kind: "recovered", phase: "staging", at: T0 + seq, detail: "still staging" }
+  })
+
+const reserved = (store: Store.StoreShape) =>
+  Effect.gen(function* () {
+    const d = yield* store.addDevice({ name: "d", slots: 1, tokenHash: "h", now: T0 })
+    yield* store.recordObservations([{ source: "github", identity: "progress", remoteAt: null }], T0)
+    const a = yield* store.claim({ deviceId: d.id, slot: 0, now: T0, config: Config.defaults })
+    return { deviceId: d.id, reservationId: a!.reservationId, fence: a!.fence, now: T0 + 1 }
+  })
+
+describe("a progress batch costs O(1) round trips, whatever its size", () => {
+  it.live("postgres: one query on the wire for a batch that starts where the timeline ends, two when it resends accepted events", () =>
+    Effect.gen(function* () {
+      const name = yield* schema(inject("pgUrl"))
+      const wire = capturing(urlFor(inject("pgUrl"), name))
+      const store = yield* Effect.provide(PgStore.make, yield* Layer.build(wire.layer))
+      const auth = yield* reserved(store)
+      const sent = (n: number) => wire.sent.length - n
+      let before = wire.sent.length
+      const fresh = yield* store.appendProgress(auth, progress(1, 1000))
+      expect(fresh.results.every((r) => r.status === "accepted")).toBe(true)
+      expect(sent(before)).toBe(1)
+      before = wire.sent.length
+      const half = yield* store.appendProgress({ ...auth, now: T0 + 2 }, progress(501, 1000))
+      expect(half.results.filter((r) => r.status === "duplicate")).toHaveLength(500)
+      expect(half.assignment.lastSeq).toBe(1500)
+      expect(sent(before)).toBe(2)
+      before = wire.sent.length
+      const again = yield* store.appendProgress({ ...auth, now: T0 + 3 }, progress(1, 1500))
+      expect(again.results.every((r) => r.status === "duplicate")).toBe(true)
+      expect(sent(before)).toBe(1)
+    }).pipe(Effect.scoped))
+
+  it.live("sqlite: two statements in the write transaction for a batch that starts where the timeline ends, four when it resends accepted events", () =>
+    Effect.gen(function* () {
+      const store = yield* Store.Store
+      const auth = yield* reserved(store)
+      const fresh = yield* countStatements(store.appendProgress(auth, progress(1, 1000)))
+      expect(fresh.value.assignment.lastSeq).toBe(1000)
+      // the gated update of the reservation (it also takes the write lock) and the insert
+      expect(fresh.statements).toBe(2)
+      const half = yield* countStatements(store.appendProgress({ ...auth, now: T0 + 2 }, progress(501, 1000)))
+      expect(half.value.results.filter((r) => r.status === "duplicate")).toHaveLength(500)
+      // the gated update that missed, the read, the insert and the update
+      expect(half.statements).toBe(4)
+    }).pipe(Effect.provide(freshSqlite())))
 })
