@@ -2,7 +2,7 @@ import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, type Layer } from "effect"
 import * as fc from "effect/FastCheck"
 import {
-  type Assignment,
+  Assignment,
   Config,
   Deadline,
   Discovery,
@@ -577,6 +577,51 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
           return yield* claimed(s, d.id, 0, T0)
         })
 
+      test("a batch of results is judged result by result, as submitResult judges each", (s) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s, 4)
+          yield* s.recordObservations(["x0", "x1", "x2", "x3"].map((i) => obs("github", i, T0 - DAY)), T0)
+          const [a, b, c, e] = yield* s.claimMany({ deviceId: d.id, slots: [0, 1, 2, 3], now: T0, config })
+          const run = normalRun(T0 + 1000)
+          for (const x of [a, c]) yield* s.appendProgress(auth(x, T0 + 15 * MIN), run)
+          const at = T0 + 20 * MIN
+          const result = (x: Assignment.Assignment, outcome: Assignment.Outcome, over: Partial<Store.ResultInput> = {}): Store.ResultInput => ({
+            ...auth(x, at),
+            outcome,
+            finalPhase: "awaiting_receipt",
+            body: JSON.stringify({ findings: [] }),
+            ...over
+          })
+          const answers = yield* s.submitResults([
+            result(a, "findings"),
+            result(b, "clean", { fence: b.fence - 1 }),
+            result(c, "scan_error"),
+            result(a, "clean", { now: at + MIN }),
+            result(e, "clean", { now: e.uploadDeadline + 1 })
+          ])
+          const receipt = (x: Assignment.Assignment, outcome: Assignment.Outcome) => ({ receiptId: `rc-${x.reservationId}-${x.fence}`, reservationId: x.reservationId, outcome, acceptedAt: at })
+          expect(answers.map((r) => (Either.isRight(r) ? r.right : r.left.reason))).toEqual([
+            receipt(a, "findings"),
+            "stale_fence",
+            receipt(c, "scan_error"),
+            // a repeat in the same batch returns the original receipt
+            receipt(a, "findings"),
+            "upload_deadline_passed"
+          ])
+          expect(yield* s.getAssignment(a.reservationId)).toMatchObject({ state: "completed", outcome: "findings", finalPhase: "awaiting_receipt", endedAt: at })
+          expect(yield* s.getAssignment(c.reservationId)).toMatchObject({ state: "failed", outcome: "scan_error", endedAt: at })
+          for (const x of [b, e]) expect((yield* s.getAssignment(x.reservationId)).state).toBe("active")
+          expect(yield* s.getTarget("github", a.identity)).toMatchObject({ status: "completed", completedAt: at })
+          expect((yield* s.getTarget("github", c.identity)).status).toBe(Assignment.targetStatusAfter("scan_error"))
+          expect(yield* s.getTarget("github", b.identity)).toMatchObject({ status: "in_progress", completedAt: null })
+          // durations are recorded per accepted result, from its own timeline
+          const p = yield* s.percentiles({ from: T0, to: T0 + DAY, minSamples: 1 })
+          const count = (metric: string, outcome: string) => p.find((r) => r.metric === metric && r.outcome === outcome)?.count ?? 0
+          expect([count("end_to_end", "findings"), count("end_to_end", "scan_error"), count("scanning", "findings"), count("upload", "scan_error")]).toEqual([1, 1, 1, 1])
+          expect(p.reduce((n, r) => n + r.count, 0)).toBe(10)
+          expect(yield* s.submitResults([])).toEqual([])
+        }))
+
       test("Assignment completes normally", (s) =>
         Effect.gen(function* () {
           const a = yield* active(s)
@@ -1026,6 +1071,38 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
               }
             }
             for (const a of as) expect((yield* s.timeline(a.reservationId)).map((e) => e.seq)).toEqual(run.map((e) => e.seq))
+          }))
+
+        test("racing result batches, single results and expiry sweeps settle each reservation once", (s) =>
+          Effect.gen(function* () {
+            const d = yield* addDevice(s, 24)
+            yield* s.recordObservations(Array.from({ length: 24 }, (_, i) => obs("github", `batch/${i}`, null)), T0)
+            const as = yield* s.claimMany({ deviceId: d.id, slots: Array.from({ length: 24 }, (_, i) => i), now: T0, config })
+            const input = (a: Assignment.Assignment, k: number): Store.ResultInput => ({ ...auth(a, T0 + MIN + k), outcome: "clean", finalPhase: null, body: "{}" })
+            // overlapping batches in opposite orders, single results, and sweeps past every expiry
+            const batches = [as.slice(0, 16), [...as.slice(8)].reverse(), as.filter((_, i) => i % 3 === 0)].map((xs, k) => s.submitResults(xs.map((a) => input(a, k))))
+            const singles = as.filter((_, i) => i % 5 === 0).map((a) => Effect.either(s.submitResult(input(a, 9))))
+            const sweeps = [0, 1].map(() => s.expireDue({ now: T0 + 2 * DAY, maxAttempts: 3, limit: 100 }))
+            const [answers, single, swept] = yield* Effect.all(
+              [Effect.all(batches, { concurrency: "unbounded" }), Effect.all(singles, { concurrency: "unbounded" }), Effect.all(sweeps, { concurrency: "unbounded" })],
+              { concurrency: "unbounded" }
+            )
+            const expired = new Set(swept.flat().map((a) => a.reservationId))
+            for (const a of as) {
+              const receipts = [...answers.flat(), ...single].flatMap((r) => (Either.isRight(r) && r.right.reservationId === a.reservationId ? [r.right] : []))
+              const stored = yield* s.getAssignment(a.reservationId)
+              if (expired.has(a.reservationId)) {
+                expect(stored.state).toBe("expired")
+                expect(receipts).toEqual([])
+              } else {
+                expect(stored.state).toBe("completed")
+                // every accepted answer for a reservation is the one receipt it was given
+                expect(new Set(receipts.map((r) => JSON.stringify(r))).size).toBe(1)
+                expect(stored.endedAt).toBe(receipts[0].acceptedAt)
+              }
+            }
+            const ends = (yield* s.percentiles({ from: 0, to: Number.MAX_SAFE_INTEGER, metric: "end_to_end", minSamples: 1 })).reduce((n, r) => n + r.count, 0)
+            expect(ends).toBe(as.length - expired.size)
           }))
 
         test("racing result retries and expiry sweeps settle each reservation once", (s) =>

@@ -9,8 +9,8 @@ import { schema, urlFor } from "./support/PgSchema.js"
 const T0 = Date.UTC(2025, 0, 1)
 const config = Config.defaults
 
-describe("claims on PostgreSQL are one statement when they succeed", () => {
-  it.live("a claim, a batch claim of 64 slots, and concurrent claims of one device's 8 slots each take one round trip", () =>
+describe("claims and batches of results on PostgreSQL are one statement when they succeed", () => {
+  it.live("a claim, a batch claim of 64 slots, and concurrent claims of one device's 8 slots each take one round trip, and so does a batch of 64 results", () =>
     Effect.gen(function* () {
       const name = yield* schema(inject("pgUrl"))
       const wire = capturing(urlFor(inject("pgUrl"), name), 10)
@@ -34,8 +34,11 @@ describe("claims on PostgreSQL are one statement when they succeed", () => {
       expect(many.value.map((a) => a.identity)).toEqual(Array.from({ length: 64 }, (_, i) => `c/${i + 1}`))
       expect(many.value.map((a) => a.slot)).toEqual(Array.from({ length: 64 }, (_, i) => 63 - i))
       expect(many.trips).toBe(1)
-      const done = yield* trips(Effect.all(many.value.map(finish), { concurrency: 8 }))
-      expect(done.trips).toBe(64)
+      const done = yield* trips(
+        store.submitResults(many.value.map((a) => ({ deviceId: a.deviceId, reservationId: a.reservationId, fence: a.fence, now: T0 + 1, outcome: "clean", finalPhase: null, body: "{}" })))
+      )
+      expect(done.value.every((r) => r._tag === "Right")).toBe(true)
+      expect(done.trips).toBe(1)
 
       // The slots of one device claim at once and do not wait for each other, round after round.
       for (let round = 0; round < 5; round++) {

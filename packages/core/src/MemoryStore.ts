@@ -197,6 +197,14 @@ export const make = (): StoreShape => {
         return Effect.succeed(receipt)
       }),
 
+    submitResults: (inputs) =>
+      Effect.forEach(inputs, (input) =>
+        store.submitResult(input).pipe(
+          Effect.map((r) => Either.right(r)),
+          Effect.catchTag("ReservationRefused", (e) => Effect.succeed(Either.left(e)))
+        )
+      ),
+
     release: (auth) =>
       Effect.suspend(() => {
         const found = authorize(auth)

@@ -1,4 +1,4 @@
-import { Context, type Effect } from "effect"
+import { Context, type Effect, type Either } from "effect"
 import type { Assignment, Duration, Outcome, Receipt } from "./Assignment.js"
 import type { ManagedConfig } from "./Config.js"
 import type { Cycle, CycleInput } from "./Discovery.js"
@@ -185,6 +185,11 @@ export class Store extends Context.Tag("@scanfleet/core/Store")<
     ) => Effect.Effect<{ readonly results: ReadonlyArray<Acceptance>; readonly assignment: Assignment }, ReservationRefused | ProgressRejected | StoreError>
     /** Accepts a result under the upload deadline, ends the assignment and records durations; a resubmission returns the original receipt. */
     readonly submitResult: (input: ResultInput) => Effect.Effect<Receipt, ReservationRefused | StoreError>
+    /**
+     * Accepts a batch of results, each judged on its own as `submitResult` judges it (a refused
+     * result refuses only itself); the answers come in input order.
+     */
+    readonly submitResults: (inputs: ReadonlyArray<ResultInput>) => Effect.Effect<ReadonlyArray<Either.Either<Receipt, ReservationRefused>>, StoreError>
     /** Gives an active reservation back: the target returns to pending. */
     readonly release: (auth: Authority) => Effect.Effect<Assignment, ReservationRefused | StoreError>
     /** Expires active reservations past their immutable expiry, keeping the last phase and progress time as evidence. */

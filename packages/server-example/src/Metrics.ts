@@ -105,6 +105,16 @@ export const make = (store: Store.StoreShape): Effect.Effect<{ readonly service:
             })
           )
         ),
+      submitResults: (inputs) =>
+        Effect.tap(store.submitResults(inputs), (answers) =>
+          Effect.forEach(answers, (r, i) =>
+            r._tag === "Right" && r.right.acceptedAt === inputs[i].now
+              ? Effect.flatMap(store.getAssignment(r.right.reservationId).pipe(Effect.option), (a) =>
+                  Effect.sync(() => a._tag === "Some" && results.inc({ source: a.value.source, outcome: r.right.outcome }))
+                )
+              : Effect.void
+          )
+        ),
       expireDue: (req) =>
         Effect.tap(store.expireDue(req), (expired) =>
           Effect.sync(() => {

@@ -1,4 +1,4 @@
-import { Cause, Context, Effect, Exit, Layer, Option, Scope } from "effect"
+import { Cause, Context, Effect, Either, Exit, Layer, Option, Scope } from "effect"
 import * as fc from "effect/FastCheck"
 import { expect } from "vitest"
 import { Assignment, Config, PhaseModel, type Source, Store } from "@scanfleet/core"
@@ -28,6 +28,7 @@ type Cmd =
     }
   | { readonly _tag: "progress"; readonly pick: number; readonly mode: "next" | "random" | "duplicate" | "conflict"; readonly phase: number; readonly skip: number; readonly count: number }
   | { readonly _tag: "complete"; readonly pick: number; readonly outcome: Assignment.Outcome }
+  | { readonly _tag: "completeMany"; readonly picks: ReadonlyArray<number>; readonly outcome: Assignment.Outcome; readonly stale: number }
   | { readonly _tag: "release"; readonly pick: number }
   | { readonly _tag: "stale"; readonly pick: number }
   | { readonly _tag: "expire"; readonly maxAttempts: number; readonly limit: number }
@@ -82,6 +83,16 @@ const cmd: fc.Arbitrary<Cmd> = fc.oneof(
     })
   },
   { weight: 2, arbitrary: fc.record({ _tag: fc.constant("complete" as const), pick: fc.nat(), outcome: fc.constantFrom(...Assignment.outcomes) }) },
+  {
+    weight: 2,
+    // a batch of results: open reservations by index (a repeat is possible), one of them sometimes with a stale fence
+    arbitrary: fc.record({
+      _tag: fc.constant("completeMany" as const),
+      picks: fc.array(fc.nat(), { maxLength: 4 }),
+      outcome: fc.constantFrom(...Assignment.outcomes),
+      stale: fc.integer({ min: -1, max: 3 })
+    })
+  },
   { weight: 1, arbitrary: fc.record({ _tag: fc.constant("release" as const), pick: fc.nat() }) },
   { weight: 1, arbitrary: fc.record({ _tag: fc.constant("stale" as const), pick: fc.nat() }) },
   { weight: 1, arbitrary: fc.record({ _tag: fc.constant("expire" as const), maxAttempts: fc.integer({ min: 1, max: 3 }), limit: fc.integer({ min: 1, max: 4 }) }) },
@@ -127,7 +138,14 @@ const nextPhase = (from: PhaseModel.Phase | null, skip: number): PhaseModel.Phas
 }
 
 /** Runs one command on a store; the model's state decides the arguments, so both stores receive the same call. */
-const step = (s: Store.StoreShape, c: Cmd, clock: number, picked: Assignment.Assignment | undefined, prior: PhaseModel.Event | undefined): Effect.Effect<unknown, unknown> => {
+const step = (
+  s: Store.StoreShape,
+  c: Cmd,
+  clock: number,
+  picked: Assignment.Assignment | undefined,
+  prior: PhaseModel.Event | undefined,
+  open: ReadonlyArray<Assignment.Assignment>
+): Effect.Effect<unknown, unknown> => {
   const config = Config.defaults
   const auth = (a: Assignment.Assignment) => ({ deviceId: a.deviceId, reservationId: a.reservationId, fence: a.fence, now: clock })
   switch (c._tag) {
@@ -156,6 +174,16 @@ const step = (s: Store.StoreShape, c: Cmd, clock: number, picked: Assignment.Ass
     }
     case "complete":
       return picked ? s.submitResult({ ...auth(picked), outcome: c.outcome, finalPhase: picked.lastPhase, body: "{}" }) : Effect.void
+    case "completeMany":
+      // refusals compared by reason, as single commands compare their errors
+      return Effect.map(s.submitResults(
+        open.length === 0
+          ? []
+          : c.picks.map((p, i) => {
+              const a = open[p % open.length]
+              return { ...auth(a), fence: i === c.stale ? a.fence - 1 : a.fence, outcome: c.outcome, finalPhase: a.lastPhase, body: "{}" }
+            })
+      ), (rs) => rs.map((r) => (Either.isRight(r) ? { receipt: r.right } : { refused: r.left.reason })))
     case "release":
       return picked ? s.release(auth(picked)) : Effect.void
     case "stale":
@@ -183,8 +211,8 @@ const runOne = (makeStore: () => Layer.Layer<Store.Store, unknown>, makeModel: (
         const picked = open.length === 0 ? undefined : open[("pick" in c ? c.pick : 0) % open.length]
         const prior = picked && picked.lastSeq > 0 ? (yield* model.timeline(picked.reservationId)).find((e) => e.seq === picked.lastSeq) : undefined
         const priorEvent = prior ? (({ acceptedAt: _, ...e }) => e)(prior) : undefined
-        const expected = outcome(yield* Effect.exit(step(model, c, clock, picked, priorEvent)))
-        const actual = outcome(yield* Effect.exit(step(real, c, clock, picked, priorEvent)))
+        const expected = outcome(yield* Effect.exit(step(model, c, clock, picked, priorEvent, open)))
+        const actual = outcome(yield* Effect.exit(step(real, c, clock, picked, priorEvent, open)))
         const context = `after ${log.length} commands: ${JSON.stringify(log)}`
         expect(actual, `result ${context}`).toEqual(expected)
         expect(yield* snapshot(real), `state ${context}`).toEqual(yield* snapshot(model))
@@ -193,7 +221,7 @@ const runOne = (makeStore: () => Layer.Layer<Store.Store, unknown>, makeModel: (
   )
 
 /**
- * Checks that random sequences of discover, promote, claim (one slot or a batch), progress, complete,
+ * Checks that random sequences of discover, promote, claim (one slot or a batch), progress, complete (one result or a batch),
  * fail, release, expire and clock advances give the same results and the same
  * observable state on the backend as on core's model.
  */

@@ -8,6 +8,7 @@ import { mapped } from "./SqlErrors.js"
 import { claimBatch, claimNext, claimStatement } from "./queries/claimNext.js"
 import * as Progress from "./queries/appendProgress.js"
 import * as Promote from "./queries/promote.js"
+import * as SubmitResults from "./queries/submitResults.js"
 import * as Record from "./queries/recordObservations.js"
 
 type Row = { readonly [column: string]: unknown }
@@ -122,6 +123,37 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         })
       )
       ),
+
+    submitResults: (inputs) =>
+      Effect.gen(function* () {
+        // Postgres takes the common accepted results in one statement (each reservation once); the
+        // rest (refusals, repeats, races) and every result on SQLite are judged one by one.
+        const seen = new Set<number>()
+        const batch = isPg
+          ? inputs.filter((i) => [i.reservationId, i.deviceId, i.fence, i.now].every(isId) && !seen.has(i.reservationId) && seen.add(i.reservationId))
+          : []
+        const accepted =
+          batch.length === 0
+            ? new Map<number, Assignment.Receipt>()
+            : yield* retryConflicts(mapped(SubmitResults.acceptMany(sql, batch))).pipe(
+                Effect.catchIf((e) => e.reason === "constraint", () => Effect.succeed(new Map<number, Assignment.Receipt>()))
+              )
+        const answers: Array<Either.Either<Assignment.Receipt, Errors.ReservationRefused>> = []
+        for (const input of inputs) {
+          const receipt = accepted.get(input.reservationId)
+          if (receipt !== undefined && receipt.acceptedAt === input.now && receipt.receiptId === `rc-${input.reservationId}-${input.fence}`) {
+            accepted.delete(input.reservationId)
+            answers.push(Either.right(receipt))
+          } else
+            answers.push(
+              yield* store.submitResult(input).pipe(
+                Effect.map((r) => Either.right(r)),
+                Effect.catchTag("ReservationRefused", (e) => Effect.succeed(Either.left(e)))
+              )
+            )
+        }
+        return answers
+      }),
 
     release: (auth) =>
       transaction(

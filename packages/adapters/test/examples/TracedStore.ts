@@ -18,6 +18,7 @@ export const traced = (inner: Store.StoreShape): Store.StoreShape => {
     claimMany: wrap("claimMany", inner.claimMany),
     appendProgress: wrap("appendProgress", inner.appendProgress),
     submitResult: wrap("submitResult", inner.submitResult),
+    submitResults: wrap("submitResults", inner.submitResults),
     release: wrap("release", inner.release),
     expireDue: wrap("expireDue", inner.expireDue),
     getAssignment: wrap("getAssignment", inner.getAssignment),
