@@ -10,6 +10,7 @@ import * as Progress from "./queries/appendProgress.js"
 import * as Promote from "./queries/promote.js"
 import * as SubmitResults from "./queries/submitResults.js"
 import * as Record from "./queries/recordObservations.js"
+import * as Submit from "./queries/submitResult.js"
 
 type Row = { readonly [column: string]: unknown }
 
@@ -93,7 +94,9 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         : retryConflicts(mapped(sql.withTransaction(Progress.sqlite(sql, auth, batch, writeLock)))),
 
     submitResult: (input) =>
-      Effect.flatMap(isPg ? submitFast(input) : Effect.succeed(null), (fast) =>
+      !isPg
+        ? retryConflicts(mapped(sql.withTransaction(Submit.sqlite(sql, input, insertDurations))))
+        : Effect.flatMap(submitFast(input), (fast) =>
         fast !== null
           ? Effect.succeed(fast)
           : transaction(
