@@ -58,6 +58,47 @@ CREATE TABLE devices (
   revoked_at bigint
 );
 
+CREATE TABLE duration_rollup_deltas (
+  span bigint NOT NULL,
+  source text NOT NULL,
+  metric text NOT NULL,
+  outcome text NOT NULL,
+  start bigint NOT NULL,
+  chunk integer NOT NULL,
+  c0 integer DEFAULT 0 NOT NULL,
+  c1 integer DEFAULT 0 NOT NULL,
+  c2 integer DEFAULT 0 NOT NULL,
+  c3 integer DEFAULT 0 NOT NULL,
+  c4 integer DEFAULT 0 NOT NULL,
+  c5 integer DEFAULT 0 NOT NULL,
+  c6 integer DEFAULT 0 NOT NULL,
+  c7 integer DEFAULT 0 NOT NULL,
+  c8 integer DEFAULT 0 NOT NULL,
+  c9 integer DEFAULT 0 NOT NULL,
+  c10 integer DEFAULT 0 NOT NULL,
+  c11 integer DEFAULT 0 NOT NULL,
+  c12 integer DEFAULT 0 NOT NULL,
+  c13 integer DEFAULT 0 NOT NULL,
+  c14 integer DEFAULT 0 NOT NULL,
+  c15 integer DEFAULT 0 NOT NULL,
+  c16 integer DEFAULT 0 NOT NULL,
+  c17 integer DEFAULT 0 NOT NULL,
+  c18 integer DEFAULT 0 NOT NULL,
+  c19 integer DEFAULT 0 NOT NULL,
+  c20 integer DEFAULT 0 NOT NULL,
+  c21 integer DEFAULT 0 NOT NULL,
+  c22 integer DEFAULT 0 NOT NULL,
+  c23 integer DEFAULT 0 NOT NULL,
+  c24 integer DEFAULT 0 NOT NULL,
+  c25 integer DEFAULT 0 NOT NULL,
+  c26 integer DEFAULT 0 NOT NULL,
+  c27 integer DEFAULT 0 NOT NULL,
+  c28 integer DEFAULT 0 NOT NULL,
+  c29 integer DEFAULT 0 NOT NULL,
+  c30 integer DEFAULT 0 NOT NULL,
+  c31 integer DEFAULT 0 NOT NULL
+);
+
 CREATE TABLE duration_rollups (
   span bigint NOT NULL,
   source text NOT NULL,
@@ -202,14 +243,23 @@ CREATE OR REPLACE FUNCTION duration_rollups_add()
  LANGUAGE plpgsql
 AS $function$
     BEGIN
-      INSERT INTO duration_rollups AS r (span, source, metric, outcome, start, chunk, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22, c23, c24, c25, c26, c27, c28, c29, c30, c31)
-      
+      IF current_setting('scanfleet.rollups_direct', true) = 'on' THEN
+        INSERT INTO duration_rollups AS r (span, source, metric, outcome, start, chunk, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22, c23, c24, c25, c26, c27, c28, c29, c30, c31)
+        
   SELECT s.span, d.source, d.metric, d.outcome, d.at - ((d.at % s.span) + s.span) % s.span, d.bucket >> 5, count(*) FILTER (WHERE d.bucket & 31 = 0), count(*) FILTER (WHERE d.bucket & 31 = 1), count(*) FILTER (WHERE d.bucket & 31 = 2), count(*) FILTER (WHERE d.bucket & 31 = 3), count(*) FILTER (WHERE d.bucket & 31 = 4), count(*) FILTER (WHERE d.bucket & 31 = 5), count(*) FILTER (WHERE d.bucket & 31 = 6), count(*) FILTER (WHERE d.bucket & 31 = 7), count(*) FILTER (WHERE d.bucket & 31 = 8), count(*) FILTER (WHERE d.bucket & 31 = 9), count(*) FILTER (WHERE d.bucket & 31 = 10), count(*) FILTER (WHERE d.bucket & 31 = 11), count(*) FILTER (WHERE d.bucket & 31 = 12), count(*) FILTER (WHERE d.bucket & 31 = 13), count(*) FILTER (WHERE d.bucket & 31 = 14), count(*) FILTER (WHERE d.bucket & 31 = 15), count(*) FILTER (WHERE d.bucket & 31 = 16), count(*) FILTER (WHERE d.bucket & 31 = 17), count(*) FILTER (WHERE d.bucket & 31 = 18), count(*) FILTER (WHERE d.bucket & 31 = 19), count(*) FILTER (WHERE d.bucket & 31 = 20), count(*) FILTER (WHERE d.bucket & 31 = 21), count(*) FILTER (WHERE d.bucket & 31 = 22), count(*) FILTER (WHERE d.bucket & 31 = 23), count(*) FILTER (WHERE d.bucket & 31 = 24), count(*) FILTER (WHERE d.bucket & 31 = 25), count(*) FILTER (WHERE d.bucket & 31 = 26), count(*) FILTER (WHERE d.bucket & 31 = 27), count(*) FILTER (WHERE d.bucket & 31 = 28), count(*) FILTER (WHERE d.bucket & 31 = 29), count(*) FILTER (WHERE d.bucket & 31 = 30), count(*) FILTER (WHERE d.bucket & 31 = 31)
   FROM (SELECT source, metric, outcome, at, CASE WHEN NOT (ms >= 1e-6) THEN -100000 WHEN ms > 1e300 THEN 38376
   ELSE CAST(ceil(ln(ms) / 0.018000486023620893::float8) AS INTEGER) END AS bucket FROM new_durations) AS d CROSS JOIN (VALUES (86400000::bigint), (3600000::bigint), (600000::bigint)) AS s(span)
   GROUP BY 1, 2, 3, 4, 5, 6
-      ORDER BY 1, 2, 3, 4, 5, 6
-      ON CONFLICT (span, source, metric, outcome, start, chunk) DO UPDATE SET c0 = r.c0 + excluded.c0, c1 = r.c1 + excluded.c1, c2 = r.c2 + excluded.c2, c3 = r.c3 + excluded.c3, c4 = r.c4 + excluded.c4, c5 = r.c5 + excluded.c5, c6 = r.c6 + excluded.c6, c7 = r.c7 + excluded.c7, c8 = r.c8 + excluded.c8, c9 = r.c9 + excluded.c9, c10 = r.c10 + excluded.c10, c11 = r.c11 + excluded.c11, c12 = r.c12 + excluded.c12, c13 = r.c13 + excluded.c13, c14 = r.c14 + excluded.c14, c15 = r.c15 + excluded.c15, c16 = r.c16 + excluded.c16, c17 = r.c17 + excluded.c17, c18 = r.c18 + excluded.c18, c19 = r.c19 + excluded.c19, c20 = r.c20 + excluded.c20, c21 = r.c21 + excluded.c21, c22 = r.c22 + excluded.c22, c23 = r.c23 + excluded.c23, c24 = r.c24 + excluded.c24, c25 = r.c25 + excluded.c25, c26 = r.c26 + excluded.c26, c27 = r.c27 + excluded.c27, c28 = r.c28 + excluded.c28, c29 = r.c29 + excluded.c29, c30 = r.c30 + excluded.c30, c31 = r.c31 + excluded.c31;
+        ORDER BY 1, 2, 3, 4, 5, 6
+        ON CONFLICT (span, source, metric, outcome, start, chunk) DO UPDATE SET c0 = r.c0 + excluded.c0, c1 = r.c1 + excluded.c1, c2 = r.c2 + excluded.c2, c3 = r.c3 + excluded.c3, c4 = r.c4 + excluded.c4, c5 = r.c5 + excluded.c5, c6 = r.c6 + excluded.c6, c7 = r.c7 + excluded.c7, c8 = r.c8 + excluded.c8, c9 = r.c9 + excluded.c9, c10 = r.c10 + excluded.c10, c11 = r.c11 + excluded.c11, c12 = r.c12 + excluded.c12, c13 = r.c13 + excluded.c13, c14 = r.c14 + excluded.c14, c15 = r.c15 + excluded.c15, c16 = r.c16 + excluded.c16, c17 = r.c17 + excluded.c17, c18 = r.c18 + excluded.c18, c19 = r.c19 + excluded.c19, c20 = r.c20 + excluded.c20, c21 = r.c21 + excluded.c21, c22 = r.c22 + excluded.c22, c23 = r.c23 + excluded.c23, c24 = r.c24 + excluded.c24, c25 = r.c25 + excluded.c25, c26 = r.c26 + excluded.c26, c27 = r.c27 + excluded.c27, c28 = r.c28 + excluded.c28, c29 = r.c29 + excluded.c29, c30 = r.c30 + excluded.c30, c31 = r.c31 + excluded.c31;
+      ELSE
+        INSERT INTO duration_rollup_deltas (span, source, metric, outcome, start, chunk, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22, c23, c24, c25, c26, c27, c28, c29, c30, c31)
+        
+  SELECT s.span, d.source, d.metric, d.outcome, d.at - ((d.at % s.span) + s.span) % s.span, d.bucket >> 5, count(*) FILTER (WHERE d.bucket & 31 = 0), count(*) FILTER (WHERE d.bucket & 31 = 1), count(*) FILTER (WHERE d.bucket & 31 = 2), count(*) FILTER (WHERE d.bucket & 31 = 3), count(*) FILTER (WHERE d.bucket & 31 = 4), count(*) FILTER (WHERE d.bucket & 31 = 5), count(*) FILTER (WHERE d.bucket & 31 = 6), count(*) FILTER (WHERE d.bucket & 31 = 7), count(*) FILTER (WHERE d.bucket & 31 = 8), count(*) FILTER (WHERE d.bucket & 31 = 9), count(*) FILTER (WHERE d.bucket & 31 = 10), count(*) FILTER (WHERE d.bucket & 31 = 11), count(*) FILTER (WHERE d.bucket & 31 = 12), count(*) FILTER (WHERE d.bucket & 31 = 13), count(*) FILTER (WHERE d.bucket & 31 = 14), count(*) FILTER (WHERE d.bucket & 31 = 15), count(*) FILTER (WHERE d.bucket & 31 = 16), count(*) FILTER (WHERE d.bucket & 31 = 17), count(*) FILTER (WHERE d.bucket & 31 = 18), count(*) FILTER (WHERE d.bucket & 31 = 19), count(*) FILTER (WHERE d.bucket & 31 = 20), count(*) FILTER (WHERE d.bucket & 31 = 21), count(*) FILTER (WHERE d.bucket & 31 = 22), count(*) FILTER (WHERE d.bucket & 31 = 23), count(*) FILTER (WHERE d.bucket & 31 = 24), count(*) FILTER (WHERE d.bucket & 31 = 25), count(*) FILTER (WHERE d.bucket & 31 = 26), count(*) FILTER (WHERE d.bucket & 31 = 27), count(*) FILTER (WHERE d.bucket & 31 = 28), count(*) FILTER (WHERE d.bucket & 31 = 29), count(*) FILTER (WHERE d.bucket & 31 = 30), count(*) FILTER (WHERE d.bucket & 31 = 31)
+  FROM (SELECT source, metric, outcome, at, CASE WHEN NOT (ms >= 1e-6) THEN -100000 WHEN ms > 1e300 THEN 38376
+  ELSE CAST(ceil(ln(ms) / 0.018000486023620893::float8) AS INTEGER) END AS bucket FROM new_durations) AS d CROSS JOIN (VALUES (86400000::bigint), (3600000::bigint), (600000::bigint)) AS s(span)
+  GROUP BY 1, 2, 3, 4, 5, 6;
+      END IF;
       RETURN NULL;
     END
     $function$;

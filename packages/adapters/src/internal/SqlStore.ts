@@ -61,6 +61,19 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
 
   const live = (a: Assignment.Assignment, now: number) => Either.match(Rules.requireLive(a, now), { onLeft: Effect.fail, onRight: Effect.succeed })
 
+  // Postgres: the counts that result acceptance left in duration_rollup_deltas move into
+  // the rollups, in one statement, before a percentile query reads them. The DELETE takes
+  // each delta once even when two readers fold at the same time; keys in one order.
+  const rollupSlots = Array.from({ length: Rollups.width }, (_, i) => `c${i}`)
+  const foldDeltas = isPg
+    ? sql`
+        WITH moved AS (DELETE FROM duration_rollup_deltas RETURNING *)
+        INSERT INTO duration_rollups AS r (span, source, metric, outcome, start, chunk, ${sql.literal(rollupSlots.join(", "))})
+        SELECT span, source, metric, outcome, start, chunk, ${sql.literal(rollupSlots.map((c) => `sum(${c})`).join(", "))}
+        FROM moved GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY 1, 2, 3, 4, 5, 6
+        ON CONFLICT (span, source, metric, outcome, start, chunk) DO UPDATE SET ${sql.literal(rollupSlots.map((c) => `${c} = r.${c} + excluded.${c}`).join(", "))}`
+    : Effect.void
+
   const store: Store.StoreShape = {
     recordObservations: (batch, now) =>
       retryConflicts(isPg ? mapped(Record.pg(sql, batch, now)) : transaction(Record.sqlite(sql, batch, now))),
@@ -288,7 +301,12 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
       )
     },
 
-    recordDurations: (ds) => mapped(insertDurations(ds)),
+    // A bulk write: on Postgres its trigger upserts the rollups at once instead of leaving
+    // deltas for a reader to fold (see migration 0005).
+    recordDurations: (ds) =>
+      isPg && ds.length > 0
+        ? retryConflicts(mapped(sql.withTransaction(Effect.zipRight(sql`SELECT set_config('scanfleet.rollups_direct', 'on', true)`, insertDurations(ds)))))
+        : mapped(insertDurations(ds)),
 
     percentiles: (q) => {
       const filters = (time: Statement.Fragment) => {
@@ -315,10 +333,13 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
       if (parts.length === 0) return Effect.succeed([])
       return mapped(
         Effect.map(
-          sql<Row>`
+          Effect.zipRight(
+            foldDeltas,
+            sql<Row>`
             SELECT source, metric, outcome, chunk, ${sql.literal(slots.map((i) => `CAST(sum(c${i}) AS DOUBLE PRECISION) AS c${i}`).join(", "))}
             FROM (${sql.join(" UNION ALL ", false)(parts)}) AS u
-            GROUP BY source, metric, outcome, chunk`,
+            GROUP BY source, metric, outcome, chunk`
+          ),
           (rows) => {
             // One histogram per group, merged from its chunks, read by core's rank rule.
             const groups = new Map<string, { key: Row; h: Map<number, number> }>()

@@ -22,9 +22,9 @@ const grouped = (from: string) => `
 /**
  * Duration rollups: counts per source, metric, outcome, time span (day, hour,
  * ten minutes) and log bucket of the duration, so a percentile query merges
- * counts instead of sorting raw rows. A statement-level trigger keeps them in
- * step with every insert into durations (one grouped upsert per statement,
- * whichever path inserted), and the existing rows are rolled up here once.
+ * counts instead of sorting raw rows. A statement-level trigger records the
+ * grouped counts of every insert into durations, whichever path inserted, and
+ * the existing rows are rolled up here once.
  * Changing the buckets needs a new migration that rebuilds the table.
  */
 export default Effect.gen(function* () {
@@ -42,15 +42,34 @@ export default Effect.gen(function* () {
       ${columns},
       PRIMARY KEY (span, source, metric, outcome, start, chunk)
     ) WITH (fillfactor = 80)`)
-  // Keys in one order for every statement, so concurrent inserts lock rollup rows in the
-  // same order and cannot deadlock on each other.
+  // Rows committed by concurrent writers would wait on each other's locks of the same
+  // rollup rows until commit, so by default a statement only appends its grouped counts
+  // to duration_rollup_deltas (no conflicts, no locks held on shared rows); a reader folds
+  // them in (see SqlStore). Bulk writers that own the table's traffic set
+  // scanfleet.rollups_direct for their transaction and upsert the rollups at once, keys
+  // in one order so that concurrent upserts cannot deadlock.
+  yield* sql.unsafe(`
+    CREATE TABLE duration_rollup_deltas (
+      span BIGINT NOT NULL,
+      source TEXT COLLATE "C" NOT NULL,
+      metric TEXT COLLATE "C" NOT NULL,
+      outcome TEXT COLLATE "C" NOT NULL,
+      start BIGINT NOT NULL,
+      chunk INTEGER NOT NULL,
+      ${columns}
+    )`)
   yield* sql.unsafe(`
     CREATE FUNCTION duration_rollups_add() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN
-      INSERT INTO duration_rollups AS r (span, source, metric, outcome, start, chunk, ${names})
-      ${grouped("new_durations")}
-      ORDER BY 1, 2, 3, 4, 5, 6
-      ON CONFLICT (span, source, metric, outcome, start, chunk) DO UPDATE SET ${adds};
+      IF current_setting('scanfleet.rollups_direct', true) = 'on' THEN
+        INSERT INTO duration_rollups AS r (span, source, metric, outcome, start, chunk, ${names})
+        ${grouped("new_durations")}
+        ORDER BY 1, 2, 3, 4, 5, 6
+        ON CONFLICT (span, source, metric, outcome, start, chunk) DO UPDATE SET ${adds};
+      ELSE
+        INSERT INTO duration_rollup_deltas (span, source, metric, outcome, start, chunk, ${names})
+        ${grouped("new_durations")};
+      END IF;
       RETURN NULL;
     END
     $$`)
