@@ -902,6 +902,24 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
 
     if (capabilities.concurrency) {
       describe("real concurrency", () => {
+        test("durations recorded and percentiles read on many connections at once are all counted, once", (s) =>
+          Effect.gen(function* () {
+            const d = (i: number, k: number): Assignment.Duration => ({ source: "gitlab", metric: "scanning", outcome: "clean", ms: 100 + ((i * 7 + k) % 50), at: T0 + (i % 5) * 20 * MIN + k })
+            const batches = Array.from({ length: 16 }, (_, i) => Array.from({ length: 25 }, (_, k) => d(i, k)))
+            // writers race each other and readers that fold and read the counts meanwhile
+            yield* Effect.all(
+              [...batches.map((b) => s.recordDurations(b)), ...batches.map(() => s.percentiles({ from: T0, to: T0 + DAY, minSamples: 1 }))],
+              { concurrency: "unbounded" }
+            )
+            const [row] = yield* s.percentiles({ from: T0, to: T0 + DAY, minSamples: 1 })
+            expect(row.count).toBe(400)
+            const exact = Percentile.summarize(batches.flat().map((x) => x.ms), 1)
+            for (const q of ["p50", "p95", "p99"] as const) {
+              const g = row[q], e = exact[q]
+              expect(g.status === "ok" && e.status === "ok" && Math.abs(g.value - e.value) <= Percentile.accuracy * e.value).toBe(true)
+            }
+          }))
+
         test("racing claims on many connections never take a target twice nor fill a device past its slots", (s) =>
           Effect.gen(function* () {
             const devices = yield* Effect.forEach([0, 1, 2, 3, 4, 5, 6, 7], (i) => addDevice(s, 3, `racer-${i}`))
