@@ -43,15 +43,15 @@ const withDb = async (ctx: Ctx, prefix: string, body: (db: { name: string; url: 
 
 /**
  * scanfleet's claimers are device slots. `oneDevice`: all claimers are slots of
- * one device (its claims serialise on the device's row); otherwise one device
- * per claimer (one slot each, or `batch` slots claimed at once).
+ * one device; otherwise one device per claimer (one slot each, or `batch` slots
+ * claimed at once with Store.claimMany and completed with Store.submitResults).
  */
 const scanfleet = (ctx: Ctx, s: Shape, oneDevice = false): Contender => ({
   name: s.batch === 1 ? (oneDevice ? `scanfleet PgStore (1 device x ${s.claimers} slots)` : `scanfleet PgStore (${s.claimers} devices x 1 slot)`) : "scanfleet PgStore",
   note:
     s.batch === 1
       ? `${oneDevice ? `${s.claimers} slots of one device` : `${s.claimers} devices of one slot`}, each a loop of Store.claim then Store.submitResult(outcome clean); pool of ${s.claimers + 2}`
-      : `${s.claimers} devices of ${s.batch} slots; each claims all its slots at once (${s.batch} concurrent Store.claim calls: the Store port has no batch claim) and submits the ${s.batch} results concurrently; pool of ${s.claimers + 2}`,
+      : `${s.claimers} devices of ${s.batch} slots; each claims all its slots at once (one Store.claimMany) and submits the ${s.batch} results at once (one Store.submitResults); pool of ${s.claimers + 2}`,
   run: () =>
     withDb(ctx, "sf_claim", async (db) => {
       const sf = await Scanfleet.openPg(db.url, s.claimers + 2)
@@ -93,8 +93,16 @@ const scanfleet = (ctx: Ctx, s: Shape, oneDevice = false): Contender => ({
             while (taken < s.jobs && performance.now() < deadline) {
               const n = Math.min(s.batch, s.jobs - taken)
               taken += n
-              const got = await Promise.all(Array.from({ length: n }, (_, slot) => claimOne(devices[d].id, slot)))
-              await Promise.all(got.map(complete))
+              const got = await sf.run((st) =>
+                st.claimMany({ deviceId: devices[d].id, slots: Array.from({ length: n }, (_, slot) => slot), now: Date.now(), config: Scanfleet.config })
+              )
+              if (got.length !== n) throw new Error("backlog ran dry")
+              const answers = await sf.run((st) =>
+                st.submitResults(
+                  got.map((a) => ({ deviceId: a.deviceId, reservationId: a.reservationId, fence: a.fence, now: Date.now(), outcome: "clean" as const, finalPhase: null, body: "{}" }))
+                )
+              )
+              if (answers.some((r) => r._tag !== "Right")) throw new Error("a fenced complete was refused")
             }
           })
         }
