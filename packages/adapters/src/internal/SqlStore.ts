@@ -502,7 +502,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
               WHERE d.id = ${req.deviceId}::bigint AND d.revoked_at IS NULL
                 AND NOT EXISTS (SELECT 1 FROM req WHERE req.slot < 0 OR req.slot >= d.slots)
                 AND NOT EXISTS (
-                  SELECT 1 FROM assignments a WHERE a.device_id = d.id AND a.state = 'active' AND a.slot IN (SELECT slot FROM req))
+                  SELECT 1 FROM assignments a WHERE a.device_id = d.id AND a.state = 'active' AND a.slot = ANY (${req.slots}::int[]))
               FOR SHARE
             ), t AS (${claimStatement(sql, req, true, gate, req.slots.length)}
             ), p AS (
