@@ -165,6 +165,7 @@ const run = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Driver>, p
     }
     const stmts = await ctx.pg.statements(db.name)
     const extra: Record<string, number> = { "worst query ms": Math.max(...perQuery), "ingest rows/s": s.rows / ingestSecs }
+    qs.forEach((q, i) => (extra[`${q.label} ms`] = perQuery[i]))
     if (isExact) exact = answers
     else if (exact) {
       // relative error against exact percentile_cont, over every group of every query

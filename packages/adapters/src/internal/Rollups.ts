@@ -1,7 +1,7 @@
 import { Percentile } from "@scanfleet/core"
 
 /** The rollup spans migration 0005 maintains (ms), longest first. */
-export const spans: ReadonlyArray<number> = [86_400_000, 3_600_000, 600_000]
+export const spans: ReadonlyArray<number> = [86_400_000, 21_600_000, 3_600_000, 600_000]
 
 /** Log buckets per rollup row: chunk = bucket >> 5, column c<bucket & 31>. */
 export const width = 32
@@ -12,8 +12,8 @@ export type Part =
   | { readonly _tag: "raw"; readonly from: number; readonly to: number }
 
 /**
- * Splits [from, to) into whole days, whole hours and whole ten minutes towards
- * its edges, and the raw rows of what is left at its two ends: the parts are
+ * Splits [from, to) into whole days, then whole six hours, hours and ten minutes
+ * towards its edges, and the raw rows of what is left at its two ends: the parts are
  * disjoint and cover the window exactly, so the merged counts are those of the
  * window itself.
  */

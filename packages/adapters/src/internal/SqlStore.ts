@@ -319,7 +319,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
       const slots = Array.from({ length: Rollups.width }, (_, i) => i)
       // Raw rows group by bytes, as the rollups' "C" columns do on Postgres.
       const bytes = isPg ? ' COLLATE "C"' : ""
-      // Whole days, hours and ten minutes come from the rollups, what is left at the two
+      // Whole days, six hours, hours and ten minutes come from the rollups, what is left at the two
       // ends from raw rows: counts of exactly the window, in log buckets.
       const parts = Rollups.plan(q.from, q.to).map((p) =>
         p._tag === "rollup"

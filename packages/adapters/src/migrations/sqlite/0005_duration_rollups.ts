@@ -10,12 +10,12 @@ const names = slots.map((i) => `c${i}`).join(", ")
 // 1e-6 ms in bucket -100000; above 1e300 ms in 1e300's bucket.
 const bucket = (ms: string) => `CASE WHEN NOT (${ms} >= 1e-6) THEN -100000 WHEN ${ms} > 1e300 THEN 38376
   ELSE CAST(ceil(ln(${ms}) / 0.018000486023620893) AS INTEGER) END`
-// The spans rolled up: a day, an hour and ten minutes.
-const spans = `(SELECT 86400000 AS span UNION ALL SELECT 3600000 UNION ALL SELECT 600000) AS s`
+// The spans rolled up: a day, six hours, an hour and ten minutes.
+const spans = `(SELECT 86400000 AS span UNION ALL SELECT 21600000 UNION ALL SELECT 3600000 UNION ALL SELECT 600000) AS s`
 
 /**
- * Duration rollups: counts per source, metric, outcome, time span (day, hour,
- * ten minutes) and log bucket of the duration, so a percentile query merges
+ * Duration rollups: counts per source, metric, outcome, time span (day, six
+ * hours, hour, ten minutes) and log bucket of the duration, so a percentile query merges
  * counts instead of sorting raw rows. A row trigger keeps them in step with
  * every insert into durations, and the existing rows are rolled up here once.
  * Changing the buckets needs a new migration that rebuilds the table.
