@@ -113,8 +113,8 @@ const rawRun = async (s: Shape): Promise<Sample> => {
       WHERE status = 'pending' AND id = (SELECT id FROM targets WHERE status = 'pending' ORDER BY id LIMIT 1)
       RETURNING id, source, identity, fence, covered_remote_at`)
     const reserve = db.prepare(`
-      INSERT INTO assignments (target_id, source, identity, device_id, slot, fence, policy, covered_remote_at, issued_at, scan_deadline, upload_deadline, expires_at, state)
-      VALUES (?, ?, ?, ?, 0, ?, '{}', ?, ?, ?, ?, ?, 'active') RETURNING reservation_id`)
+      INSERT INTO assignments (target_id, source, identity, device_id, device_slots, slot, fence, policy, covered_remote_at, issued_at, scan_deadline, upload_deadline, expires_at, state)
+      VALUES (?, ?, ?, ?, 1, 0, ?, '{}', ?, ?, ?, ?, ?, 'active') RETURNING reservation_id`)
     const claim = db.transaction((t: number) => {
       const row = pick.get(t) as { id: number; source: string; identity: string; fence: number; covered_remote_at: number | null } | undefined
       if (!row) return null
