@@ -1,9 +1,11 @@
 import { PgClient } from "@effect/sql-pg"
 import type { SqlClient } from "@effect/sql"
-import { Config, Effect, Layer } from "effect"
+import { SqlError } from "@effect/sql"
+import { Config, Duration, Effect, Layer, Redacted } from "effect"
 import * as Pg from "pg"
 import { Errors, Store } from "@scanfleet/core"
 import * as Migrate from "./internal/Migrate.js"
+import { PreparingClient } from "./internal/PreparingClient.js"
 import * as SqlStore from "./internal/SqlStore.js"
 import { storeLayer, toStoreError } from "./internal/SqlErrors.js"
 
@@ -19,9 +21,72 @@ export const types: Pg.CustomTypesConfig = {
     oid === INT8 && format !== "binary" ? (v: string) => Number(v) : Pg.types.getTypeParser(oid, format as "text")) as Pg.CustomTypesConfig["getTypeParser"]
 }
 
-/** A PgClient layer configured the way the store expects (BIGINT as numbers). */
-export const clientLayer = (config: PgClient.PgClientConfig): Layer.Layer<PgClient.PgClient | SqlClient.SqlClient, Errors.StoreError> =>
-  Layer.mapError(PgClient.layer({ ...config, types }), toStoreError)
+/** Options of the store's own connection pool. */
+export interface PoolOptions {
+  /**
+   * Run the hot statements (claim, result, progress) as named prepared statements,
+   * parsed and planned once per connection (default true). Turn it off behind a
+   * connection pooler that cannot carry prepared statements across transactions.
+   */
+  readonly prepare?: boolean
+}
+
+// The pool @effect/sql-pg would build from these settings, with scanfleet's client class.
+const pool = (config: PgClient.PgClientConfig, options: PoolOptions) =>
+  Effect.acquireRelease(
+    Effect.tryPromise({
+      try: async () => {
+        const p = new Pg.Pool({
+          connectionString: config.url ? Redacted.value(config.url) : undefined,
+          user: config.username,
+          host: config.host,
+          database: config.database,
+          password: config.password ? Redacted.value(config.password) : undefined,
+          ssl: config.ssl,
+          port: config.port,
+          ...(config.stream ? { stream: config.stream } : {}),
+          connectionTimeoutMillis: config.connectTimeout ? Duration.toMillis(config.connectTimeout) : undefined,
+          idleTimeoutMillis: config.idleTimeout ? Duration.toMillis(config.idleTimeout) : undefined,
+          max: config.maxConnections,
+          min: config.minConnections,
+          maxLifetimeSeconds: config.connectionTTL ? Duration.toSeconds(config.connectionTTL) : undefined,
+          application_name: config.applicationName ?? "scanfleet",
+          types,
+          ...(options.prepare === false ? {} : { Client: PreparingClient })
+        })
+        p.on("error", () => {})
+        try {
+          await p.query("SELECT 1")
+        } catch (cause) {
+          await p.end().catch(() => {})
+          throw cause
+        }
+        return p
+      },
+      catch: (cause) => new SqlError.SqlError({ cause, message: "PgClient: Failed to connect" })
+    }).pipe(
+      Effect.timeoutFail({
+        duration: config.connectTimeout ?? Duration.seconds(5),
+        onTimeout: () => new SqlError.SqlError({ cause: new Error("Connection timed out"), message: "PgClient: Connection timed out" })
+      })
+    ),
+    (p) => Effect.promise(() => p.end()).pipe(Effect.timeoutOption(1000))
+  )
+
+/** A PgClient layer configured the way the store expects (BIGINT as numbers; hot statements prepared unless `prepare: false`). */
+export const clientLayer = (config: PgClient.PgClientConfig, options: PoolOptions = {}): Layer.Layer<PgClient.PgClient | SqlClient.SqlClient, Errors.StoreError> =>
+  Layer.mapError(
+    PgClient.layerFromPool({
+      acquire: pool(config, options),
+      applicationName: config.applicationName,
+      spanAttributes: config.spanAttributes,
+      transformResultNames: config.transformResultNames,
+      transformQueryNames: config.transformQueryNames,
+      transformJson: config.transformJson,
+      types
+    }),
+    toStoreError
+  )
 
 /** Brings the schema up to date (forward-only, idempotent; concurrent servers wait on a table lock). */
 export const migrate: Effect.Effect<void, Errors.StoreError, SqlClient.SqlClient> = Migrate.run("pg")
@@ -43,14 +108,17 @@ export const layerFromClient: Layer.Layer<Store.Store, Errors.StoreError, SqlCli
  * @example
  * const StoreLive = PgStore.layer({ url: Redacted.make(process.env.DATABASE_URL!), maxConnections: 20 })
  */
-export const layer = (config: PgClient.PgClientConfig): Layer.Layer<Store.Store, Errors.StoreError> =>
-  storeLayer(Layer.provide(layerFromClient, clientLayer(config)))
+export const layer = (config: PgClient.PgClientConfig, options: PoolOptions = {}): Layer.Layer<Store.Store, Errors.StoreError> =>
+  storeLayer(Layer.provide(layerFromClient, clientLayer(config, options)))
 
 /** The Store with connection settings read from Config (for example `Config.redacted("DATABASE_URL")`). */
-export const layerConfig = (config: Config.Config.Wrap<PgClient.PgClientConfig>): Layer.Layer<Store.Store, Errors.StoreError> =>
+export const layerConfig = (config: Config.Config.Wrap<PgClient.PgClientConfig>, options: PoolOptions = {}): Layer.Layer<Store.Store, Errors.StoreError> =>
   storeLayer(Layer.provide(
     layerFromClient,
-    Layer.mapError(PgClient.layerConfig({ ...config, types: Config.succeed(types) } as Config.Config.Wrap<PgClient.PgClientConfig>), (e) =>
-      e._tag === "SqlError" ? toStoreError(e) : new Errors.StoreError({ reason: "unavailable", message: `Postgres settings: ${String(e)}`, cause: e })
+    Layer.unwrapEffect(
+      Effect.mapBoth(Config.unwrap(config), {
+        onFailure: (e) => new Errors.StoreError({ reason: "unavailable", message: `Postgres settings: ${String(e)}`, cause: e }),
+        onSuccess: (c) => clientLayer(c, options)
+      })
     )
   ))

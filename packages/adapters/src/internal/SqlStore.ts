@@ -3,6 +3,7 @@ import { Effect, Either, Schedule } from "effect"
 import { Assignment, Claim, Deadline, Errors, Percentile, Source, Store, type Target } from "@scanfleet/core"
 import * as Codec from "./Codec.js"
 import * as Rollups from "./Rollups.js"
+import * as Prepared from "./Prepared.js"
 import * as Rules from "./Rules.js"
 import { mapped } from "./SqlErrors.js"
 import { claimBatch, claimNext, claimStatement } from "./queries/claimNext.js"
@@ -494,7 +495,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
     return retryConflicts(
       mapped(
         Effect.map(
-          sql<Row>`
+          sql<Row>`${sql.literal(Prepared.marker)}
             WITH req AS (
               SELECT r.slot, r.ord FROM unnest(${req.slots}::int[]) WITH ORDINALITY AS r(slot, ord)
             ), g AS (
@@ -554,7 +555,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
     return retryConflicts(
       mapped(
         Effect.map(
-          sql<{ reservation_id: number }>`
+          sql<{ reservation_id: number }>`${sql.literal(Prepared.marker)}
             WITH locked AS (
               SELECT reservation_id, target_id, source, issued_at, fence, xmin::text AS v FROM assignments
               WHERE reservation_id = ${input.reservationId}::bigint AND device_id = ${input.deviceId}::bigint AND fence = ${input.fence}::bigint

@@ -2,6 +2,7 @@ import type { SqlClient, SqlError } from "@effect/sql"
 import { Effect, Either } from "effect"
 import { type Assignment, type Errors, PhaseModel, type Store } from "@scanfleet/core"
 import * as Codec from "../Codec.js"
+import * as Prepared from "../Prepared.js"
 import * as Rules from "../Rules.js"
 
 type Row = { readonly [column: string]: unknown }
@@ -79,7 +80,7 @@ const pgWrite = (
 ) => {
   const now = sql`${auth.now}::bigint`
   const fresh = plan.fresh
-  return sql<Row>`
+  return sql<Row>`${sql.literal(Prepared.marker)}
     WITH a AS (
       SELECT reservation_id FROM assignments
       WHERE reservation_id = ${auth.reservationId}::bigint AND device_id = ${auth.deviceId}::bigint AND fence = ${auth.fence}::bigint
@@ -124,7 +125,7 @@ export const pg = (sql: SqlClient.SqlClient, auth: Auth, batch: ReadonlyArray<Ph
   const seqs = readSeqs(batch)
   const first = spec
     ? pgWrite(sql, auth, spec, spec.plan, seqs)
-    : sql<Row>`SELECT s.*, false AS applied, ${storedOf(sql, seqs)} AS stored_events FROM assignments s WHERE s.reservation_id = ${auth.reservationId}::bigint`
+    : sql<Row>`${sql.literal(Prepared.marker)}SELECT s.*, false AS applied, ${storedOf(sql, seqs)} AS stored_events FROM assignments s WHERE s.reservation_id = ${auth.reservationId}::bigint`
   return Effect.flatMap(first, (rows): Effect.Effect<Outcome | null, Refusal | SqlError.SqlError> => {
     if (spec && rows[0]?.applied === true) return Effect.succeed({ results: spec.plan.results, assignment: Codec.assignment(rows[0]) })
     const planned = planRead(auth, batch, rows[0])

@@ -1,6 +1,7 @@
 import type { SqlClient } from "@effect/sql"
 import { Effect } from "effect"
 import { Assignment, type Store } from "@scanfleet/core"
+import * as Prepared from "../Prepared.js"
 
 /**
  * Postgres: accepts many results in one statement, each exactly as the one-result fast path
@@ -16,7 +17,7 @@ export const acceptMany = (sql: SqlClient.SqlClient, inputs: ReadonlyArray<Store
   )
   const ids = inputs.map((i) => i.reservationId)
   return Effect.map(
-    sql<{ reservation_id: number }>`
+    sql<{ reservation_id: number }>`${sql.literal(Prepared.marker)}
       WITH inp AS (
         SELECT * FROM unnest(${ids}::bigint[], ${inputs.map((i) => i.deviceId)}::bigint[], ${inputs.map((i) => i.fence)}::bigint[],
           ${inputs.map((i) => i.now)}::bigint[], ${inputs.map((i) => i.outcome)}::text[], ${inputs.map((i) => i.finalPhase)}::text[],
