@@ -100,3 +100,21 @@ describe("a progress batch costs O(1) round trips, whatever its size", () => {
       expect(half.statements).toBe(4)
     }).pipe(Effect.provide(freshSqlite())))
 })
+
+describe("a result costs a constant number of statements, whatever the timeline's length", () => {
+  it.live("sqlite: five statements in the write transaction for an accepted result, one for a resubmission", () =>
+    Effect.gen(function* () {
+      const store = yield* Store.Store
+      const auth = yield* reserved(store)
+      yield* store.appendProgress(auth, progress(1, 500))
+      const result = { ...auth, now: T0 + 2, outcome: "clean" as const, finalPhase: "staging" as const, body: "{}" }
+      const first = yield* countStatements(store.submitResult(result))
+      expect(first.value.acceptedAt).toBe(T0 + 2)
+      // the no-op update that takes the write lock and reads the reservation, its prior result, target and
+      // timeline; then the target, the result, the durations and the reservation
+      expect(first.statements).toBe(5)
+      const again = yield* countStatements(store.submitResult({ ...result, now: T0 + 3 }))
+      expect(again.value).toEqual(first.value)
+      expect(again.statements).toBe(1)
+    }).pipe(Effect.provide(freshSqlite())))
+})
