@@ -67,72 +67,133 @@ const storedOf = (sql: SqlClient.SqlClient, seqs: ReadonlyArray<number>) =>
     FROM progress_events p WHERE p.reservation_id = s.reservation_id AND p.seq = ANY(${seqs}::bigint[])
   )`
 
-// Writes the planned events and the reservation's new state, gated under the reservation's
-// row lock on the state the plan assumed; the row comes back with `applied` when it held.
-// With `read`, a reservation that failed the gate comes back as read in the statement's
-// snapshot, with its stored events of those sequences.
+/**
+ * Where a write may find the reservation's timeline: ending at `lo` in one of `phases`
+ * ("" for none yet), or at a later sequence up to `hi` whose events are the batch's own
+ * (checked event by event against the stored ones), in the phase of the batch's event
+ * there. Events of the batch up to the stored end are duplicates, the rest are new.
+ */
+interface Gate {
+  readonly lo: number
+  readonly hi: number
+  readonly phases: ReadonlyArray<string>
+}
+
+// Writes the batch's new events and the reservation's new state, gated under the
+// reservation's row lock on a state its plan holds for; the row comes back with
+// `applied`, where its timeline ended before (`prior_seq`) and the original acceptance
+// of each duplicate. With `read`, a reservation that failed the gate comes back as read
+// in the statement's snapshot, with its stored events of those sequences. Duplicates
+// are compared in that snapshot: it may miss events stored meanwhile, never hold
+// others, so a stale snapshot fails the gate.
 const pgWrite = (
   sql: SqlClient.SqlClient,
   auth: Auth,
-  gate: { readonly priorSeq: number; readonly phases: ReadonlyArray<string> },
-  plan: Rules.ProgressPlan,
+  gate: Gate,
+  events: ReadonlyArray<PhaseModel.Event>,
+  last: { readonly phase: string; readonly seq: number },
   read: ReadonlyArray<number> | null
 ) => {
   const now = sql`${auth.now}::bigint`
-  const fresh = plan.fresh
   return sql<Row>`${sql.literal(Prepared.marker)}
-    WITH a AS (
-      SELECT reservation_id FROM assignments
+    WITH b AS (
+      SELECT * FROM unnest(${events.map((e) => e.seq)}::int[], ${events.map((e) => e.kind)}::text[], ${events.map((e) => e.phase)}::text[],
+        ${events.map((e) => e.at)}::bigint[], ${events.map((e) => e.detail ?? null)}::text[]) WITH ORDINALITY AS e(seq, kind, phase, at, detail, ord)
+    ), a AS (
+      SELECT reservation_id, last_seq FROM assignments
       WHERE reservation_id = ${auth.reservationId}::bigint AND device_id = ${auth.deviceId}::bigint AND fence = ${auth.fence}::bigint
         AND state = 'active' AND expires_at > ${now}
-        AND last_seq = ${gate.priorSeq}::bigint AND COALESCE(last_phase, '') = ANY(${gate.phases}::text[])
+        AND last_seq BETWEEN ${gate.lo}::int AND ${gate.hi}::int
+        AND CASE WHEN last_seq = ${gate.lo}::int THEN COALESCE(last_phase, '') = ANY(${gate.phases}::text[])
+          ELSE last_phase = (SELECT b.phase FROM b WHERE b.seq = last_seq) END
       FOR UPDATE
+    ), ok AS (
+      SELECT a.* FROM a WHERE NOT EXISTS (
+        SELECT 1 FROM b LEFT JOIN progress_events p ON p.reservation_id = a.reservation_id AND p.seq = b.seq
+        WHERE b.seq <= a.last_seq
+          AND (p.seq IS NULL OR p.kind <> b.kind OR p.phase <> b.phase OR p.at <> b.at OR p.detail IS DISTINCT FROM b.detail))
     ), ins AS (
       INSERT INTO progress_events (reservation_id, seq, kind, phase, at, detail, accepted_at)
-      SELECT a.reservation_id, e.seq, e.kind, e.phase, e.at, e.detail, ${now}
-      FROM a, unnest(${fresh.map((e) => e.seq)}::int[], ${fresh.map((e) => e.kind)}::text[], ${fresh.map((e) => e.phase)}::text[],
-        ${fresh.map((e) => e.at)}::bigint[], ${fresh.map((e) => e.detail ?? null)}::text[]) AS e(seq, kind, phase, at, detail)
+      SELECT ok.reservation_id, b.seq, b.kind, b.phase, b.at, b.detail, ${now} FROM ok, b WHERE b.seq > ok.last_seq ORDER BY b.ord
     ), u AS (
-      UPDATE assignments SET last_phase = ${plan.assignment.lastPhase}::text, last_seq = ${plan.assignment.lastSeq}::int, last_progress_at = ${now}
-      FROM a WHERE assignments.reservation_id = a.reservation_id
+      UPDATE assignments SET last_phase = ${last.phase}::text, last_seq = ${last.seq}::int, last_progress_at = ${now}
+      FROM ok WHERE assignments.reservation_id = ok.reservation_id
       RETURNING assignments.*
     )
-    SELECT u.*, true AS applied, NULL::json AS stored_events FROM u${
+    SELECT u.*, true AS applied, NULL::json AS stored_events, ok.last_seq AS prior_seq, (
+      SELECT COALESCE(json_agg(json_build_array(p.seq, p.accepted_at)), '[]'::json) FROM progress_events p
+      WHERE p.reservation_id = ok.reservation_id AND p.seq IN (SELECT b.seq FROM b WHERE b.seq <= ok.last_seq)
+    ) AS duplicates
+    FROM u, ok${
       read === null
         ? sql.literal("")
         : sql`
     UNION ALL
-    SELECT s.*, false, ${storedOf(sql, read)} FROM assignments s
+    SELECT s.*, false, ${storedOf(sql, read)}, NULL::int, NULL::json FROM assignments s
     WHERE s.reservation_id = ${auth.reservationId}::bigint AND NOT EXISTS (SELECT 1 FROM u)`
     }`
 }
 
-const exactGate = (a: Assignment.Assignment) => ({ priorSeq: a.lastSeq, phases: [a.lastPhase ?? ""] })
+/** The answer of an applied write: duplicates up to where the timeline ended, the rest accepted now. */
+const answered = (batch: ReadonlyArray<PhaseModel.Event>, row: Row, now: number): Outcome => {
+  const prior = Number(row.prior_seq)
+  const acks = new Map((Codec.json<ReadonlyArray<readonly [unknown, unknown]> | null>(row.duplicates ?? "[]") ?? []).map(([seq, at]) => [Number(seq), Number(at)]))
+  return {
+    results: batch.map((e): Store.Acceptance =>
+      e.seq <= prior ? { seq: e.seq, status: "duplicate", acceptedAt: acks.get(e.seq)! } : { seq: e.seq, status: "accepted", acceptedAt: now }
+    ),
+    assignment: Codec.assignment(row)
+  }
+}
 
 /**
- * PostgreSQL, without a transaction: one statement writes a batch whose first event
- * is new, gated under the reservation's row lock on the state the plan assumed; when
- * the gate fails the same statement returns the reservation and the stored events
- * of the batch (one snapshot), the batch is planned on them, and a second gated
- * statement writes it. Events are only ever stored together with a bump of the
- * reservation's last sequence, so an unchanged last sequence (with the reservation
- * still active and unexpired) means the plan still holds. Null when a concurrent
- * batch moved the reservation in between: `pgLocked` decides.
+ * The gate under which a batch of consecutive sequences needs no read: its events
+ * chain legally one to the next, so wherever the stored timeline ends inside the
+ * batch (its events there being the batch's own) the rest appends; at the batch's
+ * start, the first event must append to the stored phase. Null when no stored state
+ * takes the batch without a refusal or a conflict.
+ */
+export const gateFor = (batch: ReadonlyArray<PhaseModel.Event>): Gate | null => {
+  if (batch.length === 0 || !batch.every((e, i) => isId(e.seq) && e.seq === batch[0].seq + i)) return null
+  for (let i = 1; i < batch.length; i++)
+    if (Either.isLeft(PhaseModel.append({ events: [], phase: batch[i - 1].phase, lastSeq: batch[i - 1].seq }, batch[i]))) return null
+  const lo = batch[0].seq - 1
+  if (lo < 0) return null
+  const phases = priors.filter((p) => Either.isRight(PhaseModel.append({ events: [], phase: p, lastSeq: lo }, batch[0]))).map((p) => p ?? "")
+  return { lo, hi: batch[batch.length - 1].seq - 1, phases }
+}
+
+const exactGate = (a: Assignment.Assignment): Gate => ({ lo: a.lastSeq, hi: a.lastSeq, phases: [a.lastPhase ?? ""] })
+
+const lastOf = (plan: Rules.ProgressPlan) => ({ phase: plan.assignment.lastPhase ?? "", seq: plan.assignment.lastSeq })
+
+/**
+ * PostgreSQL, without a transaction: one statement writes a batch of consecutive
+ * sequences that chain legally, gated under the reservation's row lock on a stored
+ * state its plan holds for (see `gateFor`): it starts where the timeline ends, or
+ * resends a part of it first. When the gate fails the same statement returns the
+ * reservation and the stored events of the batch (one snapshot), the batch is planned
+ * on them, and a second gated statement writes it. Events are only ever stored
+ * together with a bump of the reservation's last sequence, so an unchanged last
+ * sequence (with the reservation still active and unexpired) means the plan still
+ * holds. Null when a concurrent batch moved the reservation in between: `pgLocked`
+ * decides.
  */
 export const pg = (sql: SqlClient.SqlClient, auth: Auth, batch: ReadonlyArray<PhaseModel.Event>): Effect.Effect<Outcome | null, Refusal | SqlError.SqlError> => {
   if (![auth.reservationId, auth.deviceId, auth.fence, auth.now].every(isId)) return Effect.succeed(null)
-  const spec = speculate(auth.reservationId, batch, auth.now)
+  const gate = gateFor(batch)
   const seqs = readSeqs(batch)
-  const first = spec
-    ? pgWrite(sql, auth, spec, spec.plan, seqs)
+  const end = batch[batch.length - 1]
+  const first = gate
+    ? pgWrite(sql, auth, gate, batch, { phase: end.phase, seq: end.seq }, seqs)
     : sql<Row>`${sql.literal(Prepared.marker)}SELECT s.*, false AS applied, ${storedOf(sql, seqs)} AS stored_events FROM assignments s WHERE s.reservation_id = ${auth.reservationId}::bigint`
   return Effect.flatMap(first, (rows): Effect.Effect<Outcome | null, Refusal | SqlError.SqlError> => {
-    if (spec && rows[0]?.applied === true) return Effect.succeed({ results: spec.plan.results, assignment: Codec.assignment(rows[0]) })
+    if (gate && rows[0]?.applied === true) return Effect.succeed(answered(batch, rows[0], auth.now))
     const planned = planRead(auth, batch, rows[0])
     if (Either.isLeft(planned)) return Effect.fail(planned.left)
     const { a, plan } = planned.right
     if (plan.fresh.length === 0) return Effect.succeed({ results: plan.results, assignment: a })
-    return Effect.map(pgWrite(sql, auth, exactGate(a), plan, null), (again) =>
+    return Effect.map(pgWrite(sql, auth, exactGate(a), plan.fresh, lastOf(plan), null), (again) =>
       again[0]?.applied === true ? { results: plan.results, assignment: Codec.assignment(again[0]) } : null
     )
   })
@@ -153,7 +214,7 @@ export const pgLocked = (sql: SqlClient.SqlClient, auth: Auth, batch: ReadonlyAr
     if (Either.isLeft(planned)) return yield* Effect.fail(planned.left)
     const { a, plan } = planned.right
     if (plan.fresh.length === 0) return { results: plan.results, assignment: a }
-    const [row] = yield* pgWrite(sql, auth, exactGate(a), plan, null)
+    const [row] = yield* pgWrite(sql, auth, exactGate(a), plan.fresh, lastOf(plan), null)
     if (row?.applied !== true) return yield* Effect.dieMessage(`reservation ${a.reservationId} changed under its row lock`)
     return { results: plan.results, assignment: Codec.assignment(row) }
   })
