@@ -202,7 +202,7 @@ export const query = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
       note: "plain table with an index on (source, metric, outcome, at); percentile_cont(ARRAY[0.5, 0.95, 0.99]) grouped",
       run: () => run(ctx, s, rawDriver, "raw_pct", true)
     },
-    ...(missing ? [] : [{ name: "scanfleet PgStore", note: "Store.recordDurations in batches of 10,000 (a trigger upserts the log-bucket rollups); Store.percentiles with minSamples 1 (day, hour and ten-minute rollups plus raw rows at the window's edges; within 0.9% of exact)", run: () => run(ctx, s, scanfleetDriver, "sf_pct", false) }])
+    ...(missing ? [] : [{ name: "scanfleet PgStore", note: "Store.recordDurations in batches of 10,000 (a trigger upserts the log-bucket rollups); Store.percentiles with minSamples 1 (day, six-hour, hour and ten-minute rollups plus raw rows at the window's edges; within 0.9% of exact)", run: () => run(ctx, s, scanfleetDriver, "sf_pct", false) }])
   ]
   return [
     {
