@@ -192,7 +192,10 @@ export class Store extends Context.Tag("@scanfleet/core/Store")<
     readonly submitResults: (inputs: ReadonlyArray<ResultInput>) => Effect.Effect<ReadonlyArray<Either.Either<Receipt, ReservationRefused>>, StoreError>
     /** Gives an active reservation back: the target returns to pending. */
     readonly release: (auth: Authority) => Effect.Effect<Assignment, ReservationRefused | StoreError>
-    /** Expires active reservations past their immutable expiry, keeping the last phase and progress time as evidence. */
+    /**
+     * Expires active reservations past their immutable expiry, keeping the last phase and progress time as evidence.
+     * A store may also do its periodic housekeeping here (PgStore folds pending percentile counts), as the sweeper calls it steadily.
+     */
     readonly expireDue: (req: SweepRequest) => Effect.Effect<ReadonlyArray<Assignment>, StoreError>
     /** One assignment by reservation id. */
     readonly getAssignment: (reservationId: number) => Effect.Effect<Assignment, NotFound | StoreError>

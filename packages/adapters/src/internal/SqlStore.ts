@@ -184,8 +184,10 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         })
       ),
 
+    // The sweep also folds the percentile deltas result acceptance left (Postgres), after its
+    // transaction: they never pile up between percentile queries while a fleet is running.
     expireDue: (req) =>
-      transaction(
+      Effect.tap(transaction(
         Effect.gen(function* () {
           const limit = Math.max(0, Math.floor(req.limit))
           if (limit === 0) return []
@@ -211,7 +213,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
             })
           )
         })
-      ),
+      ), () => (isPg ? retryConflicts(mapped(foldDeltas)) : Effect.void)),
 
     getAssignment: (reservationId) =>
       Effect.flatMap(mapped(loadAssignment(reservationId, false)), (a) =>
