@@ -28,7 +28,8 @@ Options:
                        tokens from GITHUB_TOKEN, GITLAB_TOKEN, HF_TOKEN, DOCKERHUB_USERNAME/DOCKERHUB_TOKEN
 
 Environment: SCANFLEET_DATABASE_URL, SCANFLEET_HOST, SCANFLEET_PORT, SCANFLEET_ADMIN_TOKEN,
-SCANFLEET_SWEEP_INTERVAL_MS, SCANFLEET_POOL_SIZE, SCANFLEET_LOG_LEVEL. The admin token is required by serve.`
+SCANFLEET_SWEEP_INTERVAL_MS, SCANFLEET_POOL_SIZE, SCANFLEET_PG_PREPARE (on|off), SCANFLEET_LOG_LEVEL.
+The admin token is required by serve.`
 
 /** A command line that cannot be run as given. */
 export class UsageError extends Error {}
@@ -69,7 +70,7 @@ const settings = (flags: Map<string, string>, env: Record<string, string | undef
 }
 
 const withStore = <A, E>(config: ServerConfig.ServerConfig, f: (store: Store.StoreShape) => Effect.Effect<A, E>) =>
-  Effect.flatMap(Store.Store, f).pipe(Effect.provide(Database.layer(config.databaseUrl, { poolSize: config.poolSize })))
+  Effect.flatMap(Store.Store, f).pipe(Effect.provide(Database.layer(config.databaseUrl, { poolSize: config.poolSize, prepare: config.pgPrepare })))
 
 const readDocument = (file: string): unknown => {
   const text = readFileSync(file, "utf8")
@@ -115,7 +116,7 @@ export const main = async (argv: ReadonlyArray<string>, env: Record<string, stri
             Layer.provideMerge(server)
           )
         : server
-      const live = withDiscovery.pipe(Layer.provide(Database.layer(config.databaseUrl, { poolSize: config.poolSize })))
+      const live = withDiscovery.pipe(Layer.provide(Database.layer(config.databaseUrl, { poolSize: config.poolSize, prepare: config.pgPrepare })))
       // runMain interrupts on SIGINT/SIGTERM: the listener stops, requests in flight finish, the pool closes.
       NodeRuntime.runMain(Layer.launch(live).pipe(Effect.tapErrorCause((c) => Effect.logError("server failed", c)), Effect.provide(Server.logger(config.logLevel))), {
         disableErrorReporting: true,

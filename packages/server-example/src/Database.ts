@@ -29,13 +29,13 @@ export const redact = (url: string): string => url.replace(/\/\/([^:/@]+):[^@/]*
  * @example
  * const StoreLive = Database.layer("sqlite:./data/scanfleet.db", { poolSize: 10 })
  */
-export const layer = (url: string, opts: { readonly poolSize?: number } = {}): Layer.Layer<Store.Store, Errors.StoreError> => {
+export const layer = (url: string, opts: { readonly poolSize?: number; readonly prepare?: boolean } = {}): Layer.Layer<Store.Store, Errors.StoreError> => {
   const b = parse(url)
   switch (b._tag) {
     case "memory":
       return MemoryStore.layer
     case "postgres":
-      return PgStore.layer({ url: Redacted.make(b.url), maxConnections: opts.poolSize ?? 10 })
+      return PgStore.layer({ url: Redacted.make(b.url), maxConnections: opts.poolSize ?? 10 }, { prepare: opts.prepare ?? true })
     case "sqlite":
       return Layer.suspend(() => {
         mkdirSync(dirname(b.filename), { recursive: true })

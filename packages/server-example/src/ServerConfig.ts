@@ -22,6 +22,8 @@ export const ServerConfigSchema = z
     maxBodyBytes: z.number().int().min(1024).max(16 * 1024 * 1024).default(256 * 1024),
     /** Connection pool size for PostgreSQL. */
     poolSize: z.number().int().min(1).max(200).default(10),
+    /** PostgreSQL: run the hot statements as prepared statements; off behind a pooler that cannot carry them (PgBouncer in transaction mode before 1.21). */
+    pgPrepare: z.boolean().default(true),
     logLevel: z.enum(["debug", "info", "warning", "error", "none"]).default("info")
   })
   .strict()
@@ -39,10 +41,12 @@ export const envVars = {
   SCANFLEET_ADMIN_TOKEN: "adminToken",
   SCANFLEET_SWEEP_INTERVAL_MS: "sweepIntervalMs",
   SCANFLEET_POOL_SIZE: "poolSize",
+  SCANFLEET_PG_PREPARE: "pgPrepare",
   SCANFLEET_LOG_LEVEL: "logLevel"
 } as const
 
 const numeric = new Set(["port", "sweepIntervalMs", "poolSize"])
+const flags: Record<string, boolean> = { on: true, true: true, "1": true, off: false, false: false, "0": false }
 
 /** A configuration that could not be read; `issues` name the fields. */
 export class ServerConfigError extends Error {
@@ -96,7 +100,7 @@ export const load = (opts: { readonly file?: string | undefined; readonly env?: 
   for (const [name, field] of Object.entries(envVars)) {
     const v = env[name]
     if (v === undefined || v === "") continue
-    fromEnv[field] = numeric.has(field) && /^\d+$/.test(v) ? Number(v) : v
+    fromEnv[field] = numeric.has(field) && /^\d+$/.test(v) ? Number(v) : field === "pgPrepare" && v.toLowerCase() in flags ? flags[v.toLowerCase()] : v
   }
   return make({ ...fromFile, ...fromEnv, ...opts.overrides } as ServerConfigInput)
 }

@@ -17,6 +17,19 @@ describe("server settings", () => {
     expect(ServerConfig.load({ env: { SCANFLEET_CONFIG: file } }).port).toBe(9000)
   })
 
+  it("SCANFLEET_PG_PREPARE reads on/off (default on); anything else is refused naming pgPrepare", () => {
+    const env = { SCANFLEET_ADMIN_TOKEN: "an-admin-token-0123456789" }
+    expect(ServerConfig.load({ env }).pgPrepare).toBe(true)
+    expect(ServerConfig.load({ env: { ...env, SCANFLEET_PG_PREPARE: "off" } }).pgPrepare).toBe(false)
+    expect(ServerConfig.load({ env: { ...env, SCANFLEET_PG_PREPARE: "ON" } }).pgPrepare).toBe(true)
+    try {
+      ServerConfig.load({ env: { ...env, SCANFLEET_PG_PREPARE: "maybe" } })
+      expect.unreachable()
+    } catch (e) {
+      expect((e as ServerConfig.ServerConfigError).issues.map((i) => i.path)).toEqual([["pgPrepare"]])
+    }
+  })
+
   it("an unknown key, a short admin token or a bad port is refused with its path", () => {
     const file = join(dir, "bad.json")
     writeFileSync(file, JSON.stringify({ adminToken: "short", port: 70000, colour: "blue" }))

@@ -21,7 +21,8 @@ describe("two server processes on one PostgreSQL", { timeout: 240_000 }, () => {
     await prepare()
     // Both start at once: their migrations race on the same empty database.
     const env = { SCANFLEET_DATABASE_URL: db.url, SCANFLEET_ADMIN_TOKEN: adminToken, SCANFLEET_LOG_LEVEL: "info", SCANFLEET_POOL_SIZE: "8" }
-    servers = await Promise.all([serve([], env, 180_000), serve([], env, 180_000)])
+    // One runs its hot statements prepared (the default), the other unnamed, as behind a transaction pooler.
+    servers = await Promise.all([serve([], env, 180_000), serve([], { ...env, SCANFLEET_PG_PREPARE: "off" }, 180_000)])
     rt = ManagedRuntime.make(Database.layer(db.url, { poolSize: 2 }))
   }, 240_000)
   afterAll(async () => {
