@@ -254,15 +254,20 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
           expect(yield* s.promote("github", rule(10, 0), T0 + 3 * DAY)).toEqual({ promoted: [], deferred: 0 })
         }))
 
-      test("Eligible changes exceed the cycle budget", (s) =>
+      // Five targets scanned one hour apart (t0 the stalest), each then changed remotely.
+      const fiveChanged = (s: Store.StoreShape) =>
         Effect.gen(function* () {
           const d = yield* addDevice(s, 1)
-          // five targets scanned one hour apart: t0 is the stalest
           for (let i = 0; i < 5; i++) {
             yield* s.recordObservations([obs("github", `t${i}`, T0 - DAY)], T0 + i * HOUR)
             yield* scanOnce(s, d.id, T0 + i * HOUR)
           }
           yield* s.recordObservations([0, 1, 2, 3, 4].map((i) => obs("github", `t${i}`, T0 + 10 * HOUR)), T0 + 11 * HOUR)
+        })
+
+      test("Eligible changes exceed the cycle budget", (s) =>
+        Effect.gen(function* () {
+          yield* fiveChanged(s)
           const now = T0 + 3 * DAY
           expect(yield* s.promote("github", rule(2), now)).toEqual({ promoted: ["t0", "t1"], deferred: 3 })
           expect((yield* s.getTarget("github", "t2")).status).toBe("completed")
@@ -273,12 +278,7 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
 
       test("the deferred count stops at its limit, which then reads as at least", (s) =>
         Effect.gen(function* () {
-          const d = yield* addDevice(s, 1)
-          for (let i = 0; i < 5; i++) {
-            yield* s.recordObservations([obs("github", `t${i}`, T0 - DAY)], T0 + i * HOUR)
-            yield* scanOnce(s, d.id, T0 + i * HOUR)
-          }
-          yield* s.recordObservations([0, 1, 2, 3, 4].map((i) => obs("github", `t${i}`, T0 + 10 * HOUR)), T0 + 11 * HOUR)
+          yield* fiveChanged(s)
           const now = T0 + 3 * DAY
           expect(yield* s.promote("github", { ...rule(1), deferredLimit: 2 }, now)).toEqual({ promoted: ["t0"], deferred: 2 })
           expect(yield* s.promote("github", { ...rule(1), deferredLimit: 5 }, now)).toEqual({ promoted: ["t1"], deferred: 3 })

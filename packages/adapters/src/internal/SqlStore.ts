@@ -123,20 +123,8 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
             return yield* Rules.refuse("upload_deadline_passed", a.reservationId, `the result-upload deadline passed at ${new Date(a.uploadDeadline).toISOString()}`)
           const t = yield* loadTarget(a.targetId)
           if (!Claim.holds(t, a.fence)) return yield* Rules.lostTarget(a, t.id)
-          const status = Assignment.targetStatusAfter(input.outcome)
-          yield* status === "completed"
-            ? sql`UPDATE targets SET status = 'completed', completed_at = ${input.now} WHERE id = ${t.id} AND status = 'in_progress' AND fence = ${a.fence}`
-            : sql`UPDATE targets SET status = ${status} WHERE id = ${t.id} AND status = 'in_progress' AND fence = ${a.fence}`
-          const receipt: Assignment.Receipt = { receiptId: `rc-${a.reservationId}-${a.fence}`, reservationId: a.reservationId, outcome: input.outcome, acceptedAt: input.now }
-          yield* sql`INSERT INTO results (reservation_id, receipt_id, outcome, accepted_at, body)
-            VALUES (${a.reservationId}, ${receipt.receiptId}, ${receipt.outcome}, ${receipt.acceptedAt}, ${input.body})`
           const evs = (yield* sql<Row>`SELECT * FROM progress_events WHERE reservation_id = ${a.reservationId} ORDER BY seq`).map(Codec.event)
-          const uploading = evs.find((e) => e.kind === "phase" && e.phase === "uploading")
-          const ds = Assignment.durationsOf(a, evs, input.outcome, input.now, uploading ? uploading.acceptedAt : null)
-          yield* insertDurations(ds)
-          yield* sql`UPDATE assignments SET state = ${status === "completed" ? "completed" : "failed"}, outcome = ${input.outcome},
-            final_phase = ${input.finalPhase}, ended_at = ${input.now} WHERE reservation_id = ${a.reservationId}`
-          return receipt
+          return yield* Submit.writeAccepted(sql, input, a, t, evs, insertDurations)
         })
       )
       ),

@@ -1,6 +1,6 @@
 import type { SqlClient, SqlError } from "@effect/sql"
 import { Effect, Either } from "effect"
-import { Assignment, Claim, type Errors, type PhaseModel, type Store } from "@scanfleet/core"
+import { Assignment, Claim, type Errors, type PhaseModel, type Store, type Target } from "@scanfleet/core"
 import * as Codec from "../Codec.js"
 import * as Rules from "../Rules.js"
 
@@ -57,6 +57,24 @@ export const sqlite = (
       return yield* Rules.refuse("upload_deadline_passed", a.reservationId, `the result-upload deadline passed at ${new Date(a.uploadDeadline).toISOString()}`)
     const t = Codec.target(Codec.json<Row>(found.target_row))
     if (!Claim.holds(t, a.fence)) return yield* Rules.lostTarget(a, t.id)
+    return yield* writeAccepted(sql, input, a, t, decodeTimeline(found.timeline), insertDurations)
+  })
+
+/**
+ * The writes of an accepted result, after every check passed: the target's fenced
+ * compare-and-set, the receipt, the durations of the timeline and the reservation's
+ * end. Shared by SQLite and by the Postgres transaction the one-statement path falls
+ * back to.
+ */
+export const writeAccepted = (
+  sql: SqlClient.SqlClient,
+  input: Store.ResultInput,
+  a: Assignment.Assignment,
+  t: Target.Target,
+  evs: ReadonlyArray<Event>,
+  insertDurations: (ds: ReadonlyArray<Assignment.Duration>) => Effect.Effect<void, SqlError.SqlError>
+): Effect.Effect<Assignment.Receipt, SqlError.SqlError> =>
+  Effect.gen(function* () {
     const status = Assignment.targetStatusAfter(input.outcome)
     yield* status === "completed"
       ? sql`UPDATE targets SET status = 'completed', completed_at = ${input.now} WHERE id = ${t.id} AND status = 'in_progress' AND fence = ${a.fence}`
@@ -64,7 +82,6 @@ export const sqlite = (
     const receipt: Assignment.Receipt = { receiptId: `rc-${a.reservationId}-${a.fence}`, reservationId: a.reservationId, outcome: input.outcome, acceptedAt: input.now }
     yield* sql`INSERT INTO results (reservation_id, receipt_id, outcome, accepted_at, body)
       VALUES (${a.reservationId}, ${receipt.receiptId}, ${receipt.outcome}, ${receipt.acceptedAt}, ${input.body})`
-    const evs = decodeTimeline(found.timeline)
     const uploading = evs.find((e) => e.kind === "phase" && e.phase === "uploading")
     yield* insertDurations(Assignment.durationsOf(a, evs, input.outcome, input.now, uploading ? uploading.acceptedAt : null))
     yield* sql`UPDATE assignments SET state = ${status === "completed" ? "completed" : "failed"}, outcome = ${input.outcome},
