@@ -48,16 +48,8 @@ export default Effect.gen(function* () {
   // them in (see SqlStore). Bulk writers that own the table's traffic set
   // scanfleet.rollups_direct for their transaction and upsert the rollups at once, keys
   // in one order so that concurrent upserts cannot deadlock.
-  yield* sql.unsafe(`
-    CREATE TABLE duration_rollup_deltas (
-      span BIGINT NOT NULL,
-      source TEXT COLLATE "C" NOT NULL,
-      metric TEXT COLLATE "C" NOT NULL,
-      outcome TEXT COLLATE "C" NOT NULL,
-      start BIGINT NOT NULL,
-      chunk INTEGER NOT NULL,
-      ${columns}
-    )`)
+  // The same columns (types, collations, NOT NULL, defaults), without the key: deltas repeat keys.
+  yield* sql.unsafe(`CREATE TABLE duration_rollup_deltas (LIKE duration_rollups INCLUDING DEFAULTS)`)
   yield* sql.unsafe(`
     CREATE FUNCTION duration_rollups_add() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN
