@@ -4,7 +4,7 @@
  * window's buffers (bounded or growing). The default is a short form that fits
  * the 15-minute budget; the goal's full size (1M claims against 2M rows, one-minute
  * windows) is `--only 3 --set soak.rows=2000000 --set soak.claims=1000000
- * --set soak.seconds=3600 --set soak.window=60`, where the run stops at whichever
+ * --set soak.seconds=3000 --set soak.window=60`, where the run stops at whichever
  * of claims and seconds comes first.
  */
 import { Effect } from "effect"
@@ -183,7 +183,7 @@ export const soak = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
         ...(missing ? [`scanfleet not measured: ${missing}`] : []),
         "one run per system; the value is the ratio of the last window's claim rate to the first's; buffers are pg_stat_statements shared blocks (hit + read) of the SKIP LOCKED claim statement per call",
         "the raw SQL table has PostgreSQL's default autovacuum settings, as a user's own table would; scanfleet's has those of its migration 0003",
-        ...(s.claims < 1_000_000 || s.rows < 2_000_000 ? ["short form: the goal's size is --set soak.rows=2000000 --set soak.claims=1000000 --set soak.seconds=3600 --set soak.window=60"] : [])
+        ...(s.claims < 1_000_000 || s.rows < 2_000_000 ? ["short form: the goal's size is --set soak.rows=2000000 --set soak.claims=1000000 --set soak.seconds=3000 --set soak.window=60"] : [])
       ]
     }
   ]
