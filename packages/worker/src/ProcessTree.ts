@@ -11,6 +11,8 @@ export interface ProcStat {
   readonly pid: number
   readonly ppid: number
   readonly pgid: number
+  /** The session id. */
+  readonly sid: number
   readonly state: string
   readonly startTime: string
 }
@@ -30,7 +32,7 @@ export const stat = (pid: number): ProcStat | null => {
     const line = readFileSync(`/proc/${pid}/stat`, "utf8")
     // The command name may hold spaces and parentheses: split after the last ')'.
     const rest = line.slice(line.lastIndexOf(")") + 2).split(" ")
-    return { pid, state: rest[0], ppid: Number(rest[1]), pgid: Number(rest[2]), startTime: rest[19] }
+    return { pid, state: rest[0], ppid: Number(rest[1]), pgid: Number(rest[2]), sid: Number(rest[3]), startTime: rest[19] }
   } catch {
     return null
   }
@@ -46,6 +48,12 @@ export const all = (): ReadonlyArray<ProcStat> => {
     if (s) out.push(s)
   }
   return out
+}
+
+/** True while a process exists and is not a zombie. */
+export const isAlive = (pid: number): boolean => {
+  const s = stat(pid)
+  return s !== null && s.state !== "Z" && s.state !== "X"
 }
 
 /** The start time of a process (clock ticks since boot), to recognise it after a restart. */
