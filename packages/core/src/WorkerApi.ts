@@ -17,6 +17,10 @@ const id = z.number().int().min(1).max(Number.MAX_SAFE_INTEGER)
 
 /** Maximum result body accepted, bytes. */
 export const maxResultBytes = 1_048_576
+/** Most findings one result may carry. */
+export const maxFindings = 10_000
+/** Longest log (characters) one result may carry. */
+export const maxLogChars = 65_536
 /** Maximum events in one progress batch. */
 export const maxEventsPerBatch = 1000
 
@@ -88,8 +92,8 @@ export const ResultRequest = z
     fence: z.number().int().min(0),
     outcome: z.enum(outcomes),
     finalPhase: PhaseSchema.nullable(),
-    findings: z.array(Finding).max(10_000),
-    log: z.string().max(65_536).default("")
+    findings: z.array(Finding).max(maxFindings),
+    log: z.string().max(maxLogChars).default("")
   })
   .strict()
 /** The receipt of an accepted result. */
