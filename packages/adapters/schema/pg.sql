@@ -55,7 +55,9 @@ CREATE TABLE devices (
   slots integer NOT NULL,
   token_hash text NOT NULL,
   created_at bigint NOT NULL,
-  revoked_at bigint
+  revoked_at bigint,
+  containment text,
+  reported_at bigint
 );
 
 CREATE TABLE duration_rollup_deltas (
@@ -149,6 +151,12 @@ CREATE TABLE durations (
   at bigint NOT NULL
 );
 
+CREATE TABLE fleet (
+  one boolean DEFAULT true NOT NULL,
+  id text NOT NULL,
+  created_at bigint NOT NULL
+);
+
 CREATE TABLE progress_events (
   reservation_id bigint NOT NULL,
   seq integer NOT NULL,
@@ -199,6 +207,8 @@ ALTER TABLE devices ADD CONSTRAINT devices_pkey PRIMARY KEY (id);
 ALTER TABLE devices ADD CONSTRAINT devices_slots_check CHECK ((slots >= 0));
 ALTER TABLE duration_rollups ADD CONSTRAINT duration_rollups_pkey PRIMARY KEY (span, source, metric, outcome, start, chunk);
 ALTER TABLE durations ADD CONSTRAINT durations_pkey PRIMARY KEY (id);
+ALTER TABLE fleet ADD CONSTRAINT fleet_one_check CHECK (one);
+ALTER TABLE fleet ADD CONSTRAINT fleet_pkey PRIMARY KEY (one);
 ALTER TABLE progress_events ADD CONSTRAINT progress_events_pkey PRIMARY KEY (reservation_id, seq);
 ALTER TABLE progress_events ADD CONSTRAINT progress_events_reservation_id_fkey FOREIGN KEY (reservation_id) REFERENCES assignments(reservation_id);
 ALTER TABLE results ADD CONSTRAINT results_pkey PRIMARY KEY (reservation_id);
@@ -224,6 +234,7 @@ CREATE INDEX devices_token_hash_idx ON devices USING btree (token_hash) WHERE (r
 CREATE UNIQUE INDEX duration_rollups_pkey ON duration_rollups USING btree (span, source, metric, outcome, start, chunk);
 CREATE UNIQUE INDEX durations_pkey ON durations USING btree (id);
 CREATE INDEX durations_source_idx ON durations USING btree (source, metric, outcome, at) INCLUDE (ms);
+CREATE UNIQUE INDEX fleet_pkey ON fleet USING btree (one);
 CREATE UNIQUE INDEX progress_events_pkey ON progress_events USING btree (reservation_id, seq);
 CREATE UNIQUE INDEX results_pkey ON results USING btree (reservation_id);
 CREATE UNIQUE INDEX results_receipt_id_key ON results USING btree (receipt_id);

@@ -55,7 +55,7 @@ CREATE TABLE devices (
       token_hash TEXT NOT NULL,
       created_at BIGINT NOT NULL,
       revoked_at BIGINT
-    );
+    , containment TEXT, reported_at INTEGER);
 
 CREATE TABLE duration_rollups (
       span BIGINT NOT NULL,
@@ -75,6 +75,12 @@ CREATE TABLE durations (
       outcome TEXT NOT NULL,
       ms REAL NOT NULL,
       at BIGINT NOT NULL
+    );
+
+CREATE TABLE fleet (
+      one INTEGER PRIMARY KEY DEFAULT 1 CHECK (one = 1),
+      id TEXT NOT NULL,
+      created_at INTEGER NOT NULL
     );
 
 CREATE TABLE progress_events (

@@ -834,7 +834,7 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
         Effect.gen(function* () {
           const a = yield* addDevice(s, 3, "alpha")
           const b = yield* addDevice(s, 1, "beta")
-          expect(a).toEqual({ id: a.id, name: "alpha", slots: 3, createdAt: T0, revokedAt: null })
+          expect(a).toEqual({ id: a.id, name: "alpha", slots: 3, createdAt: T0, revokedAt: null, containment: null, reportedAt: null })
           expect(b.id).toBeGreaterThan(a.id)
           expect(yield* s.deviceByTokenHash("hash-alpha")).toEqual(a)
           expect(yield* s.deviceByTokenHash("nope")).toBeNull()
@@ -842,6 +842,24 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
           yield* s.revokeDevice(a.id, T0 + 9)
           expect(yield* s.deviceByTokenHash("hash-alpha")).toBeNull()
           expect(yield* failure(s.revokeDevice(9999, T0))).toMatchObject({ _tag: "NotFound", entity: "device" })
+        }))
+
+      test("a device's report is kept on it; a revoked or unknown device cannot report", (s) =>
+        Effect.gen(function* () {
+          const a = yield* addDevice(s, 2, "reporter")
+          const reported = yield* s.reportDevice(a.id, { containment: "pid-namespace", now: T0 + 3 })
+          expect(reported).toEqual({ ...a, containment: "pid-namespace", reportedAt: T0 + 3 })
+          expect(yield* s.deviceByTokenHash("hash-reporter")).toEqual(reported)
+          yield* s.revokeDevice(a.id, T0 + 4)
+          expect(yield* failure(s.reportDevice(a.id, { containment: "freeze-kill", now: T0 + 5 }))).toMatchObject({ _tag: "NotFound", entity: "device" })
+          expect(yield* failure(s.reportDevice(9999, { containment: "freeze-kill", now: T0 + 5 }))).toMatchObject({ _tag: "NotFound", entity: "device" })
+        }))
+
+      test("the store is one fleet: one UUID, the same on every read", (s) =>
+        Effect.gen(function* () {
+          const f = yield* s.fleet()
+          expect(f.id).toMatch(/^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/)
+          expect(yield* s.fleet()).toEqual(f)
         }))
 
       test("reads: missing rows, listing order and filters, counts, cycles", (s) =>

@@ -43,7 +43,9 @@ describe("schema", () => {
   it("both dialects have the same migration id list", () => {
     expect(Migrator.ids("sqlite")).toEqual(Migrator.ids("pg"))
     expect(Migrator.ids("pg")[0]).toBe("0001_queue")
-    expect(Migrator.ids("pg").map((id) => Number(id.slice(0, 4)))).toEqual(Migrator.ids("pg").map((_, i) => i + 1))
+    // Strictly increasing; an id may be missing while the migration that holds it lands elsewhere.
+    const numbers = Migrator.ids("pg").map((id) => Number(id.slice(0, 4)))
+    expect(numbers.every((n, i) => i === 0 || n > numbers[i - 1])).toBe(true)
   })
 
   it.live("postgres: migrations run once, in order, and the result matches schema/pg.sql", () =>

@@ -1,4 +1,4 @@
-import { Effect, Either, Layer } from "effect"
+import { Clock, Effect, Either, Layer, Random } from "effect"
 import * as Assignment from "./Assignment.js"
 import * as Claim from "./Claim.js"
 import * as Deadline from "./Deadline.js"
@@ -7,11 +7,22 @@ import * as Percentile from "./Percentile.js"
 import * as PhaseModel from "./PhaseModel.js"
 import * as Promotion from "./Promotion.js"
 import type { Source } from "./Source.js"
-import { Store, compareAssignmentCounts, type AssignmentCount, type ClaimManyRequest, type ConfigVersion, type CycleTotal, type Device, type StoreShape } from "./Store.js"
+import { Store, compareAssignmentCounts, type AssignmentCount, type ClaimManyRequest, type ConfigVersion, type CycleTotal, type Device, type Fleet, type StoreShape } from "./Store.js"
 import * as Target from "./Target.js"
 import type { Cycle } from "./Discovery.js"
 
 type StoredEvent = PhaseModel.Event & { readonly acceptedAt: number }
+
+// A version-4 UUID from Effect's Random, so the store stays free of Node and of ambient randomness.
+const randomUuid: Effect.Effect<string> = Effect.map(
+  Effect.all(Array.from({ length: 16 }, () => Random.nextIntBetween(0, 256))),
+  (b) => {
+    b[6] = (b[6] & 0x0f) | 0x40
+    b[8] = (b[8] & 0x3f) | 0x80
+    const h = b.map((x) => x.toString(16).padStart(2, "0")).join("")
+    return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`
+  }
+)
 
 const key = (source: Source, identity: string) => `${source}\u0000${identity}`
 
@@ -41,6 +52,8 @@ export const make = (): StoreShape => {
   let nextReservation = 1
   let nextCycle = 1
   let nextDevice = 1
+  // Chosen once per store (on first read), as a SQL store chooses it once per database.
+  let fleet: Fleet | null = null
 
   const refuse = (reason: ReservationRefused["reason"], reservationId: number, message: string) =>
     new ReservationRefused({ reason, reservationId, message })
@@ -341,7 +354,7 @@ export const make = (): StoreShape => {
 
     addDevice: (d) =>
       Effect.sync(() => {
-        const device = { id: nextDevice++, name: d.name, slots: d.slots, createdAt: d.now, revokedAt: null, tokenHash: d.tokenHash }
+        const device = { id: nextDevice++, name: d.name, slots: d.slots, createdAt: d.now, revokedAt: null, containment: null, reportedAt: null, tokenHash: d.tokenHash }
         devices.set(device.id, device)
         const { tokenHash: _, ...pub } = device
         return pub
@@ -363,7 +376,22 @@ export const make = (): StoreShape => {
         if (!d) return Effect.fail(new NotFound({ entity: "device", key: String(id) }))
         devices.set(id, { ...d, revokedAt: d.revokedAt ?? now })
         return Effect.void
-      })
+      }),
+
+    reportDevice: (id, report) =>
+      Effect.suspend(() => {
+        const d = devices.get(id)
+        if (!d || d.revokedAt !== null) return Effect.fail(new NotFound({ entity: "device", key: String(id) }))
+        const next = { ...d, containment: report.containment, reportedAt: report.now }
+        devices.set(id, next)
+        const { tokenHash: _, ...pub } = next
+        return Effect.succeed(pub)
+      }),
+
+    fleet: () =>
+      fleet !== null
+        ? Effect.succeed(fleet)
+        : Effect.map(Effect.all([randomUuid, Clock.currentTimeMillis]), ([id, createdAt]) => (fleet ??= { id, createdAt }))
   }
   return store
 }

@@ -117,6 +117,16 @@ export interface Device {
   readonly slots: number
   readonly createdAt: number
   readonly revokedAt: number | null
+  /** The process containment the device last reported at registration (its worker's words), or null before the first report. */
+  readonly containment: string | null
+  /** When the device last reported, server clock. */
+  readonly reportedAt: number | null
+}
+
+/** The fleet a database is: its id is chosen once, when the schema is created, and never changes. */
+export interface Fleet {
+  readonly id: string
+  readonly createdAt: number
 }
 
 /** A stored configuration version. */
@@ -234,6 +244,10 @@ export class Store extends Context.Tag("@scanfleet/core/Store")<
     readonly deviceByTokenHash: (tokenHash: string) => Effect.Effect<Device | null, StoreError>
     /** Revokes a device; its token stops working at once. */
     readonly revokeDevice: (id: number, now: number) => Effect.Effect<void, NotFound | StoreError>
+    /** Records what a live device reports when its worker starts (its containment level). */
+    readonly reportDevice: (id: number, report: { readonly containment: string; readonly now: number }) => Effect.Effect<Device, NotFound | StoreError>
+    /** The fleet this store is (one stable id per database). */
+    readonly fleet: () => Effect.Effect<Fleet, StoreError>
   }
 >() {}
 

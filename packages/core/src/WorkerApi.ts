@@ -30,9 +30,14 @@ export const ClaimRequest = z.object({ slot: z.number().int().min(0).max(1023) }
 /** One labelled deadline. */
 export const LabelledDeadline = z.object({ label: z.string(), at: epochMs, iso: z.string() }).strict()
 
+/** A fleet id: one per database, stable for its lifetime. */
+export const FleetId = z.string().min(1).max(100)
+
 /** An assignment as a device or an operator sees it. */
 export const AssignmentView = z
   .object({
+    /** The fleet (database) that issued it: a device keys its journal by (fleet, reservation). */
+    fleetId: FleetId,
     reservationId: id,
     fence: z.number().int(),
     deviceId: id,
@@ -146,8 +151,16 @@ export const TimelineEvent = EventSchema.extend({ acceptedAt: epochMs })
 /** GET /v1/admin/assignments/:id: one view and its accepted timeline. */
 export const AssignmentDetail = z.object({ assignment: AssignmentView, timeline: z.array(TimelineEvent) }).strict()
 
-/** A registered device (never its token). */
-export const DeviceView = z.object({ id, name: z.string(), slots: z.number().int(), createdAt: epochMs, revokedAt: epochMs.nullable() }).strict()
+/** A registered device (never its token), with the containment its worker last reported. */
+export const DeviceView = z
+  .object({ id, name: z.string(), slots: z.number().int(), createdAt: epochMs, revokedAt: epochMs.nullable(), containment: z.string().nullable(), reportedAt: epochMs.nullable() })
+  .strict()
+
+/** POST /v1/device/register: a starting worker reports how its scan stages are contained. */
+export const RegisterRequest = z.object({ containment: z.string().min(1).max(64) }).strict()
+
+/** Response of a registration: the fleet the server belongs to and the device as recorded. */
+export const Registered = z.object({ fleetId: FleetId, device: DeviceView, serverNow: epochMs }).strict()
 
 /** Response of POST /v1/admin/devices: the token is shown this once and never stored in clear. */
 export const DeviceCreated = z.object({ device: DeviceView, token: z.string() }).strict()

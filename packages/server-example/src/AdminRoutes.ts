@@ -101,7 +101,8 @@ const listAssignments = Effect.gen(function* () {
   const store = yield* Store.Store
   const rows = yield* storeOp(store.listAssignments({ state: q.state, limit: q.limit }))
   const now = yield* Clock.currentTimeMillis
-  return ok({ assignments: rows.map((a) => Views.assignment(a, now)) })
+  const fleet = yield* storeOp(store.fleet())
+  return ok({ assignments: rows.map((a) => Views.assignment(a, now, fleet.id)) })
 })
 
 /** GET /v1/admin/assignments/:id: one assignment and its accepted timeline. */
@@ -112,7 +113,8 @@ const getAssignment = Effect.gen(function* () {
   const a = yield* storeOp(store.getAssignment(id))
   const timeline = yield* storeOp(store.timeline(id))
   const now = yield* Clock.currentTimeMillis
-  return ok({ assignment: Views.assignment(a, now), timeline })
+  const fleet = yield* storeOp(store.fleet())
+  return ok({ assignment: Views.assignment(a, now, fleet.id), timeline })
 })
 
 /** GET /v1/admin/cycles?source=&limit=: discovery cycle records, newest first. */

@@ -179,14 +179,15 @@ const dashboard = Effect.gen(function* () {
   const counts = yield* store.countTargets().pipe(Effect.mapError(fromStoreError))
   const pct = yield* AdminRoutes.percentileData(q)
   const summary = yield* AdminRoutes.summaryData
-  const activeViews = active.map((a) => Views.assignment(a, now)).sort((a, b) => (a.nextDeadline?.at ?? Infinity) - (b.nextDeadline?.at ?? Infinity))
+  const fleet = yield* store.fleet().pipe(Effect.mapError(fromStoreError))
+  const activeViews = active.map((a) => Views.assignment(a, now, fleet.id)).sort((a, b) => (a.nextDeadline?.at ?? Infinity) - (b.nextDeadline?.at ?? Infinity))
   const body = `<h1>scanfleet dashboard</h1>
 <p class="muted">Server time <span data-testid="server-now">${esc(iso(now))}</span>; refreshes every 5 s. Every assignment carries three deadlines, fixed at issuance and never renewed:
 the <b>${esc(Deadline.labels.scanDeadline)}</b> (the whole scan stage must end), the <b>${esc(Deadline.labels.uploadDeadline)}</b> (the result must be accepted),
 and the <b>${esc(Deadline.labels.expiresAt)}</b> (the server reclaims the target). The one that fires next is in bold.</p>
 <h2>Summary</h2>${summaryBlock(summary)}
 <h2>Active reservations (<span data-testid="active-count">${active.length}</span>)</h2>${activeTable(activeViews)}
-<h2>Expired assignments (<span data-testid="expired-count">${expired.length}</span>)</h2>${expiredTable(expired.map((a) => Views.assignment(a, now)))}
+<h2>Expired assignments (<span data-testid="expired-count">${expired.length}</span>)</h2>${expiredTable(expired.map((a) => Views.assignment(a, now, fleet.id)))}
 <h2>Discovery cycles</h2>${cyclesTable(cycles)}
 <h2>Duration percentiles</h2>
 <form method="get"><label>Source <select name="source"><option value="">all</option>${["github", "gitlab", "huggingface", "dockerhub"].map((s) => `<option${q.source === s ? " selected" : ""}>${s}</option>`).join("")}</select></label>

@@ -9,9 +9,10 @@ const whichName = { scanDeadline: "targetScan", uploadDeadline: "resultUpload", 
  * An assignment as devices and operators see it: the three deadlines, each
  * labelled by its meaning, and which one fires next as of `now`.
  */
-export const assignment = (a: Assignment.Assignment, now: number): WorkerApi.AssignmentView => {
+export const assignment = (a: Assignment.Assignment, now: number, fleetId: string): WorkerApi.AssignmentView => {
   const next = a.state === "active" ? Deadline.next(a, now) : null
   return {
+    fleetId,
     reservationId: a.reservationId,
     fence: a.fence,
     deviceId: a.deviceId,
@@ -43,5 +44,7 @@ export const device = (d: Store.Device): z.infer<typeof WorkerApi.DeviceView> =>
   name: d.name,
   slots: d.slots,
   createdAt: d.createdAt,
-  revokedAt: d.revokedAt
+  revokedAt: d.revokedAt,
+  containment: d.containment,
+  reportedAt: d.reportedAt
 })

@@ -46,8 +46,9 @@ const claim = Effect.gen(function* () {
   const a = yield* store
     .claim({ deviceId: device.id, slot: req.slot, now, config: document })
     .pipe(Effect.catchTags({ ClaimRejected: (e) => Effect.fail(fromClaimRejected(e)), StoreError: (e) => Effect.fail(fromStoreError(e)) }))
+  const fleet = yield* store.fleet().pipe(Effect.mapError(fromStoreError))
   if (a) yield* Effect.logInfo("assignment issued").pipe(Effect.annotateLogs({ reservationId: a.reservationId, deviceId: device.id, slot: a.slot, source: a.source, policyOrigin: a.policy.origin, expiresAt: a.expiresAt }))
-  return ok({ assignment: a ? Views.assignment(a, now) : null })
+  return ok({ assignment: a ? Views.assignment(a, now, fleet.id) : null })
 })
 
 /** POST /v1/assignments/:id/progress: a batch of events, accepted idempotently; renews nothing. */
@@ -99,7 +100,8 @@ const release = Effect.gen(function* () {
   const a = yield* store
     .release({ deviceId: device.id, reservationId: id, fence: req.fence, now })
     .pipe(Effect.catchTags({ ReservationRefused: (e) => Effect.fail(fromReservationRefused(e)), StoreError: (e) => Effect.fail(fromStoreError(e)) }))
-  return ok(Views.assignment(a, now))
+  const fleet = yield* store.fleet().pipe(Effect.mapError(fromStoreError))
+  return ok(Views.assignment(a, now, fleet.id))
 })
 
 /** GET /v1/assignments/:id: the caller's own assignment. */
@@ -108,11 +110,32 @@ const get = Effect.gen(function* () {
   const id = yield* Request.idParam("id")
   const a = yield* owned(id, device.id)
   const now = yield* Clock.currentTimeMillis
-  return ok(Views.assignment(a, now))
+  const fleet = yield* Effect.flatMap(Store.Store, (store) => store.fleet()).pipe(Effect.mapError(fromStoreError))
+  return ok(Views.assignment(a, now, fleet.id))
+})
+
+/**
+ * POST /v1/device/register: a starting worker reports the containment in force on
+ * its machine; the answer names the fleet, so the worker knows whose journal entries
+ * this server may receive.
+ */
+const register = Effect.gen(function* () {
+  const device = yield* Auth.device
+  const settings = yield* Settings
+  const req = yield* Request.body(WorkerApi.RegisterRequest, settings.maxBodyBytes)
+  const store = yield* Store.Store
+  const now = yield* Clock.currentTimeMillis
+  const d = yield* store
+    .reportDevice(device.id, { containment: req.containment, now })
+    .pipe(Effect.catchTags({ NotFound: (e) => Effect.fail(fromNotFound(e)), StoreError: (e) => Effect.fail(fromStoreError(e)) }))
+  const fleet = yield* store.fleet().pipe(Effect.mapError(fromStoreError))
+  yield* Effect.logInfo("device registered").pipe(Effect.annotateLogs({ deviceId: d.id, containment: req.containment }))
+  return ok({ fleetId: fleet.id, device: Views.device(d), serverNow: now })
 })
 
 /** The Worker API routes. */
 export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Settings> = HttpRouter.empty.pipe(
+  HttpRouter.post("/v1/device/register", register),
   HttpRouter.post("/v1/assignments/claim", claim),
   HttpRouter.post("/v1/assignments/:id/progress", progress),
   HttpRouter.post("/v1/assignments/:id/result", result),

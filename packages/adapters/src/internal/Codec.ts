@@ -99,7 +99,9 @@ export const device = (r: Row): Store.Device => ({
   name: String(r.name),
   slots: num(r.slots),
   createdAt: num(r.created_at),
-  revokedAt: numOrNull(r.revoked_at)
+  revokedAt: numOrNull(r.revoked_at),
+  containment: strOrNull(r.containment),
+  reportedAt: numOrNull(r.reported_at)
 })
 
 /** Decodes a configuration version row. */

@@ -1,5 +1,5 @@
 import { SqlClient, Statement } from "@effect/sql"
-import { Effect, Either, Schedule } from "effect"
+import { Effect, Either, Ref, Schedule } from "effect"
 import { Assignment, Claim, Deadline, Errors, Percentile, Source, Store, type Target } from "@scanfleet/core"
 import * as Codec from "./Codec.js"
 import * as Rollups from "./Rollups.js"
@@ -43,6 +43,8 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
     })
   const transaction = <A, E, R>(self: Effect.Effect<A, E, R>) =>
     retryConflicts(mapped(sql.withTransaction(Effect.zipRight(writeLock, self))))
+  const fleetRead = yield* Ref.make<Store.Fleet | null>(null)
+  const readFleet = mapped(Effect.map(sql<Row>`SELECT id, created_at FROM fleet`, ([r]): Store.Fleet => ({ id: String(r.id), createdAt: Number(r.created_at) })))
   const jsonParam = (v: unknown) => (isPg ? sql`${JSON.stringify(v)}::jsonb` : sql`${JSON.stringify(v)}`)
 
   const loadAssignment = (reservationId: number, lock: boolean) =>
@@ -383,7 +385,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
       mapped(
         Effect.map(
           sql<{ id: number }>`INSERT INTO devices (name, slots, token_hash, created_at) VALUES (${d.name}, ${d.slots}, ${d.tokenHash}, ${d.now}) RETURNING id`,
-          ([r]): Store.Device => ({ id: Number(r.id), name: d.name, slots: d.slots, createdAt: d.now, revokedAt: null })
+          ([r]): Store.Device => ({ id: Number(r.id), name: d.name, slots: d.slots, createdAt: d.now, revokedAt: null, containment: null, reportedAt: null })
         )
       ),
 
@@ -398,7 +400,18 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
       Effect.flatMap(
         isId(id) ? mapped(sql<Row>`UPDATE devices SET revoked_at = COALESCE(revoked_at, ${now}) WHERE id = ${id} RETURNING id`) : Effect.succeed([]),
         (rows) => (rows.length === 0 ? Effect.fail(new Errors.NotFound({ entity: "device", key: String(id) })) : Effect.void)
-      )
+      ),
+
+    reportDevice: (id, report) =>
+      Effect.flatMap(
+        isId(id)
+          ? mapped(sql<Row>`UPDATE devices SET containment = ${report.containment}, reported_at = ${report.now} WHERE id = ${id} AND revoked_at IS NULL RETURNING *`)
+          : Effect.succeed([]),
+        (rows) => (rows.length === 0 ? Effect.fail(new Errors.NotFound({ entity: "device", key: String(id) })) : Effect.succeed(Codec.device(rows[0])))
+      ),
+
+    // Written once by migration 0007 and never changed, so one read serves the store's lifetime.
+    fleet: () => Effect.flatMap(Ref.get(fleetRead), (f) => (f !== null ? Effect.succeed(f) : Effect.tap(readFleet, (read) => Ref.set(fleetRead, read))))
   }
 
   // Claims of one slot or several, in one transaction; it names the exact reason of a refusal.

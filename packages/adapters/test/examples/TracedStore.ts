@@ -36,7 +36,9 @@ export const traced = (inner: Store.StoreShape): Store.StoreShape => {
     applyConfig: wrap("applyConfig", inner.applyConfig),
     addDevice: wrap("addDevice", inner.addDevice),
     deviceByTokenHash: wrap("deviceByTokenHash", inner.deviceByTokenHash),
-    revokeDevice: wrap("revokeDevice", inner.revokeDevice)
+    revokeDevice: wrap("revokeDevice", inner.revokeDevice),
+    reportDevice: wrap("reportDevice", inner.reportDevice),
+    fleet: wrap("fleet", inner.fleet)
   }
 }
 
