@@ -399,6 +399,10 @@ export interface Seal {
   readonly tag: string
   /** The command line that starts the unit script under this level. */
   readonly launch: (node: string, script: string) => Launch
+  /** Records the launcher's pid (the process the controller spawned), before the unit is attached. */
+  readonly launched: (pid: number) => void
+  /** The unit's pid as this process sees it (0 until attached). */
+  readonly unitPid: () => number
   /** Binds the box to the running unit (its pid as this process sees it; the launcher's pid). Puts it in its cgroup. */
   readonly attach: (unit: { readonly unitPid: number; readonly launcherPid: number }) => void
   /** Every live member, the unit and its launcher included (pids as this process sees them). */
@@ -443,6 +447,10 @@ export const seal = (plan: Plan): Seal => {
       if (level === "pid-namespace") return { command: "unshare", args: [...plan.unshareArgs, node, script], env }
       return { command: node, args: [script], env }
     },
+    launched: (pid) => {
+      launcherPid = pid
+    },
+    unitPid: () => unitPid,
     attach: (u) => {
       unitPid = u.unitPid
       launcherPid = u.launcherPid

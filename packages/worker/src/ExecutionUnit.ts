@@ -1,27 +1,30 @@
-import { PhaseModel } from "@scanfleet/core"
-import { fork } from "node:child_process"
-import { readFile } from "node:fs/promises"
-import { fileURLToPath } from "node:url"
-import { z } from "zod"
+import { type Source, PhaseModel } from "@scanfleet/core"
+import { Effect } from "effect"
+import { spawn } from "node:child_process"
+import * as Containment from "./Containment.js"
+import { entry } from "./internal/Entries.js"
 import type { Permits } from "./Permits.js"
 import * as ProcessTree from "./ProcessTree.js"
-import * as Scanner from "./Scanner.js"
+import type * as Scanner from "./Scanner.js"
+import * as UnitProtocol from "./UnitProtocol.js"
 
 /**
- * One assignment's scan stage as a supervised child process group, and the
- * hard watchdog over it. The unit (permit wait, preparation, acquisition,
- * scanner, filtering, cleanup, staging) runs in `runtime/child.mjs`, started
- * detached so it leads its own process group. At the target-scan deadline the
- * controller signals the whole group (SIGTERM, then SIGKILL after the grace;
- * SIGKILL at once for scanners that restart on SIGTERM) and settles on the
- * unit's exit and the group's emptiness, never on its pipes closing: a
- * grandchild holding an inherited pipe cannot keep a slot busy.
+ * One assignment's scan stage as a sealed execution unit, and the hard
+ * watchdog over it. The unit (permit wait, preparation, acquisition,
+ * scanner, filtering, cleanup, staging) is the package's `unit` entry, run
+ * inside the device's containment (see `Containment`). At the target-scan
+ * deadline the controller sends SIGTERM to every process of the unit but the
+ * unit itself (unless the scanner's `stop` is SIGKILL), waits the grace, then
+ * empties the whole box with the kernel's help: whatever forked, called
+ * setsid or daemonized meanwhile dies too. It settles on the box being
+ * empty, never on pipes closing. When the unit stages its result the box is
+ * emptied as well, so helpers a clean scanner left behind die with it.
  */
 
 /** What the unit is told to do. */
 export interface Job {
   readonly reservationId: number
-  readonly target: { readonly id: number; readonly source: string; readonly identity: string }
+  readonly target: { readonly id: number; readonly source: Source.Source; readonly identity: string }
   readonly workDir: string
   readonly stageFile: string
   readonly scanner: Scanner.ParsedSpec
@@ -30,18 +33,32 @@ export interface Job {
   readonly acquireArgs: ReadonlyArray<string>
   /** Target-scan deadline on the device's clock, for the runner's information. */
   readonly scanDeadline: number
+  /** Output limits (default `UnitProtocol.defaultLimits`). */
+  readonly limits?: UnitProtocol.OutputLimitsInput
 }
 
-/** How a unit ended. `phase` is the last phase the unit reported. */
+/** How a unit ended. `phase` is the last phase the unit reported; `level` the containment it ran under. */
 export type End =
-  | { readonly kind: "staged"; readonly phase: PhaseModel.Phase; readonly staged: Scanner.Staged }
-  | { readonly kind: "failed"; readonly phase: PhaseModel.Phase; readonly message: string }
+  | {
+      readonly kind: "staged"
+      readonly phase: PhaseModel.Phase
+      readonly level: Containment.Level
+      readonly staged: Scanner.Staged
+      /** The unit's peak resident memory as it reported it from /proc, KiB. */
+      readonly unitPeakRssKiB: number | null
+      /** Processes the scanner left behind, killed with the unit. */
+      readonly leftovers: number
+    }
+  | { readonly kind: "failed"; readonly phase: PhaseModel.Phase; readonly level: Containment.Level; readonly message: string }
   | {
       readonly kind: "deadline" | "stopped"
       readonly phase: PhaseModel.Phase
+      readonly level: Containment.Level
       readonly signals: ReadonlyArray<NodeJS.Signals>
       readonly survivors: ReadonlyArray<number>
       readonly scannerStarted: boolean
+      /** The tail of the runner module's `ctx.log` lines, kept though the unit died. */
+      readonly log: string
     }
 
 /** Supervision options. */
@@ -49,46 +66,53 @@ export interface Options {
   readonly job: Job
   /** The hard deadline, device clock, epoch milliseconds. */
   readonly deadline: number
-  /** Time between SIGTERM and SIGKILL. */
+  /** Time between SIGTERM and the kill. */
   readonly graceMs: number
   readonly permits: Permits
+  /** The containment to run under (default: detected once per process, see `Containment.detect`). */
+  readonly containment?: Containment.Plan
   /** Called once the unit is spawned, before it is told to start: persist the group here. */
   readonly onSpawn: (runner: { readonly pid: number; readonly pgid: number; readonly startTime: string | null }) => Promise<void>
   /** Called for each phase the unit enters, in order. */
   readonly onPhase: (phase: PhaseModel.Phase, at: number) => Promise<void>
   /** Aborting ends the unit at once (the device is shutting down). */
   readonly signal?: AbortSignal
-  /** The unit's script (defaults to the packaged `runtime/child.mjs`). */
+  /** The unit's script (defaults to the package's built `unit` entry). */
   readonly childPath?: string
 }
 
 /** The packaged execution-unit script. */
-export const defaultChildPath = (): string => fileURLToPath(new URL("../runtime/child.mjs", import.meta.url))
+export const defaultChildPath = (): string => entry("unit")
 
-const Message = z.discriminatedUnion("t", [
-  z.object({ t: z.literal("phase"), phase: z.enum(PhaseModel.scanStage), at: z.number() }),
-  z.object({ t: z.literal("permit_request") }),
-  z.object({ t: z.literal("scanner"), pid: z.number().optional() }),
-  z.object({ t: z.literal("staged"), at: z.number() }),
-  z.object({ t: z.literal("failed"), message: z.string(), at: z.number() })
-])
+let detected: Containment.Plan | null = null
+/** The containment a unit runs under when none is given: detected once per process (honouring `SCANFLEET_CONTAINMENT`). */
+export const defaultContainment = (): Containment.Plan => (detected ??= Effect.runSync(Containment.detect()))
 
-/** Runs one unit under its deadline and resolves when it has ended and its group is empty. */
+const LOG_TAIL = 60_000
+/** How long the controller waits for the box to empty after the kill before it names survivors. */
+const KILL_WAIT_MS = 1000
+
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms))
+
+/** Runs one unit under its deadline and resolves when it has ended and its box is empty. */
 export const run = (opts: Options): Promise<End> =>
   new Promise<End>((resolve) => {
-    const child = fork(opts.childPath ?? defaultChildPath(), [], {
+    const plan = opts.containment ?? defaultContainment()
+    const level = plan.level
+    const box = Containment.seal(plan)
+    const launch = box.launch(process.execPath, opts.childPath ?? defaultChildPath())
+    const child = spawn(launch.command, [...launch.args], {
       detached: true,
-      // A plain Node: the controller's own flags (loaders, inspectors) are not the unit's business.
-      execArgv: [],
       stdio: ["ignore", "ignore", "pipe", "ipc"],
-      serialization: "json"
+      serialization: "json",
+      env: { ...process.env, ...launch.env }
     })
     const pid = child.pid
     if (pid === undefined) {
-      child.on("error", (e) => resolve({ kind: "failed", phase: "assigned", message: `could not start the execution unit: ${e.message}` }))
+      child.on("error", (e) => resolve({ kind: "failed", phase: "assigned", level, message: `could not start the execution unit: ${e.message}` }))
       return
     }
-    const pgid = pid
+    box.launched(pid)
     let phase: PhaseModel.Phase = "assigned"
     let chain: Promise<void> = Promise.resolve()
     let ending = false
@@ -96,8 +120,12 @@ export const run = (opts: Options): Promise<End> =>
     let failure: string | null = null
     let journalError: string | null = null
     let staged = false
+    let peakRss: number | null = null
     let release: (() => void) | null = null
     let stderr = ""
+    let moduleLog = ""
+    let ready = false
+    let persisted = false
     const permitAbort = new AbortController()
     let exited!: () => void
     const exit = new Promise<void>((r) => (exited = r))
@@ -113,6 +141,10 @@ export const run = (opts: Options): Promise<End> =>
     })
     child.on("error", () => {})
 
+    const send = (msg: UnitProtocol.ToUnit) => {
+      if (child.connected) child.send(UnitProtocol.ToUnit.parse(msg))
+    }
+
     const finish = async (end: () => Promise<End>) => {
       if (ending) return
       ending = true
@@ -125,41 +157,88 @@ export const run = (opts: Options): Promise<End> =>
       if (child.connected) child.disconnect()
       // Our end of the unit's stderr goes too, even if something still holds the other end.
       child.stderr?.destroy()
+      // The launcher is our child: its exit is reaped here, briefly waited for.
+      await Promise.race([exit, sleep(200)])
       resolve(out)
     }
+
+    /** Everything in the box but the unit and its launcher. */
+    const scannerSide = () => box.members().filter((p) => p !== pid && p !== box.unitPid())
 
     const kill = (kind: "deadline" | "stopped") =>
       finish(async () => {
         const at = phase
-        const r = await ProcessTree.terminateTree(pgid, { graceMs: opts.graceMs, sigterm: opts.job.scanner.stop === "SIGTERM" })
-        return { kind, phase: at, signals: r.signals, survivors: r.survivors, scannerStarted }
+        const signals: Array<NodeJS.Signals> = []
+        if (opts.job.scanner.stop === "SIGTERM" && ready && box.signalOthers("SIGTERM") > 0) {
+          signals.push("SIGTERM")
+          const until = Date.now() + opts.graceMs
+          while (Date.now() < until && scannerSide().length > 0) await sleep(10)
+        }
+        const before = box.members().length
+        const survivors = await box.kill(KILL_WAIT_MS)
+        if (before > 0) signals.push("SIGKILL")
+        box.release()
+        return { kind, phase: at, level, signals, survivors, scannerStarted, log: moduleLog }
       })
 
     const settleNormally = () =>
       finish(async () => {
-        // The unit is done; whatever it left behind in its group goes too.
-        await Promise.race([exit, new Promise((r) => setTimeout(r, 500))])
-        await ProcessTree.terminateTree(pgid, { graceMs: 0, sigterm: false })
+        // The unit is done; whatever it left behind in its box goes too.
+        await Promise.race([exit, sleep(500)])
+        const leftovers = scannerSide().length
+        await box.kill(KILL_WAIT_MS)
+        box.release()
         await chain
-        if (journalError !== null) return { kind: "failed", phase, message: `the phase journal could not be written: ${journalError}` }
+        if (journalError !== null) return { kind: "failed", phase, level, message: `the phase journal could not be written: ${journalError}` }
         if (staged) {
           try {
-            const doc = Scanner.StagedSchema.parse(JSON.parse(await readFile(opts.job.stageFile, "utf8")))
-            return { kind: "staged", phase, staged: doc }
+            const doc = await UnitProtocol.readStaged(opts.job.stageFile, UnitProtocol.OutputLimitsSchema.parse(opts.job.limits ?? {}))
+            return { kind: "staged", phase, level, staged: doc, unitPeakRssKiB: peakRss, leftovers }
           } catch (e) {
-            return { kind: "failed", phase, message: `the staged result could not be read: ${(e as Error).message}` }
+            return { kind: "failed", phase, level, message: `the staged result could not be read: ${(e as Error).message}` }
           }
         }
         const why = failure ?? `the execution unit ended (${exitInfo}) without staging a result${stderr ? `: ${stderr.trim()}` : ""}`
-        return { kind: "failed", phase, message: why }
+        return { kind: "failed", phase, level, message: why }
       })
+
+    const startIfReady = () => {
+      if (ending || !ready || !persisted) return
+      send({ t: "start", job: { ...opts.job, args: [...opts.job.args], acquireArgs: [...opts.job.acquireArgs], limits: opts.job.limits ?? {} } })
+    }
 
     child.on("message", (raw) => {
       if (ending) return
-      const parsed = Message.safeParse(raw)
+      const parsed = UnitProtocol.ToController.safeParse(raw)
       if (!parsed.success) return
       const msg = parsed.data
       switch (msg.t) {
+        case "ready": {
+          // Inside a PID namespace the unit is the launcher's child; otherwise it is the launcher.
+          const s = ProcessTree.stat(msg.hostPid)
+          const ok = msg.hostPid === pid || (level === "pid-namespace" && s !== null && s.ppid === pid)
+          if (!ok) {
+            void finish(async () => {
+              await box.kill(KILL_WAIT_MS)
+              box.release()
+              return { kind: "failed", phase, level, message: `the execution unit reported pid ${msg.hostPid}, which is not the process started` }
+            })
+            return
+          }
+          try {
+            box.attach({ unitPid: msg.hostPid, launcherPid: pid })
+          } catch (e) {
+            void finish(async () => {
+              await box.kill(KILL_WAIT_MS)
+              box.release()
+              return { kind: "failed", phase, level, message: `could not contain the execution unit (${level}): ${(e as Error).message}` }
+            })
+            return
+          }
+          ready = true
+          startIfReady()
+          return
+        }
         case "phase": {
           // Only forward moves inside the scan stage reach the journal.
           if (!PhaseModel.canTransition(phase, msg.phase)) return
@@ -176,7 +255,7 @@ export const run = (opts: Options): Promise<End> =>
             (rel) => {
               if (ending) return rel()
               release = rel
-              child.send({ t: "permit" })
+              send({ t: "permit" })
             },
             () => {}
           )
@@ -184,8 +263,12 @@ export const run = (opts: Options): Promise<End> =>
         case "scanner":
           scannerStarted = true
           return
+        case "log":
+          moduleLog = (moduleLog + msg.text).slice(-LOG_TAIL)
+          return
         case "staged":
           staged = true
+          peakRss = msg.peakRssKiB
           void settleNormally()
           return
         case "failed":
@@ -201,15 +284,33 @@ export const run = (opts: Options): Promise<End> =>
     opts.signal?.addEventListener("abort", onStop, { once: true })
     const timer = setTimeout(() => void kill("deadline"), Math.max(0, opts.deadline - Date.now()))
 
-    const runner = { pid, pgid, startTime: ProcessTree.startTime(pid) }
+    const runner = { pid, pgid: pid, startTime: ProcessTree.startTime(pid) }
     opts.onSpawn(runner).then(
       () => {
-        if (!ending && child.connected) child.send({ t: "start", job: opts.job })
+        persisted = true
+        startIfReady()
         if (opts.signal?.aborted) onStop()
       },
-      (e) => void finish(async () => {
-        await ProcessTree.terminate(pgid, { graceMs: 0, sigterm: false })
-        return { kind: "failed", phase, message: `could not persist the runner: ${(e as Error).message}` }
-      })
+      (e) =>
+        void finish(async () => {
+          await box.kill(KILL_WAIT_MS)
+          box.release()
+          return { kind: "failed", phase, level, message: `could not persist the runner: ${(e as Error).message}` }
+        })
     )
+  })
+
+/**
+ * The same as an Effect: interrupting it ends the unit as a device stop
+ * would (its box is emptied before the interruption completes).
+ */
+export const supervise = (opts: Omit<Options, "signal">): Effect.Effect<End> =>
+  Effect.async<End>((resume) => {
+    const stop = new AbortController()
+    const end = run({ ...opts, signal: stop.signal })
+    void end.then((e) => resume(Effect.succeed(e)))
+    return Effect.promise(() => {
+      stop.abort()
+      return end
+    })
   })
