@@ -1,0 +1,224 @@
+import { Effect } from "effect"
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { Containment, ExecutionUnit, Permits, ProcessTree, Scanner } from "@scanfleet/worker"
+import { useNoOrphans } from "./support/NoOrphans.js"
+import * as Unit from "./support/Unit.js"
+
+/**
+ * Adversarial scanners, each under every containment level this machine
+ * provides (the fallback forced included): whatever a scanner does, every
+ * process it started is dead within grace + 1 s of the deadline, and the end
+ * names the phase and the outcome. Pids are read back from what each process
+ * recorded and checked in /proc.
+ */
+useNoOrphans()
+
+const dir = mkdtempSync(join(tmpdir(), "scanfleet-contain-"))
+afterAll(() => rmSync(dir, { recursive: true, force: true }))
+beforeAll(() => Unit.build(), 120_000)
+
+const plan = Effect.runSync(Containment.detect())
+// CI runs as root, where every level is there: none may quietly go missing.
+if (process.getuid?.() === 0 && process.platform === "linux") expect(plan.available).toEqual([...Containment.levels])
+
+const GRACE = 300
+/** The Supervisor's default SIGTERM grace: scanners that act on SIGTERM get it, so they act. */
+const DEFAULT_GRACE = 2000
+/** Long enough for a unit, its scanner and their children to be running on a loaded 2-core machine. */
+const DEADLINE = 6000
+let n = 0
+
+/** Waits until `ok()` holds or `by` (epoch ms) passes; says which. */
+const until = async (ok: () => boolean, by: number): Promise<boolean> => {
+  while (!ok()) {
+    if (Date.now() >= by) return false
+    await new Promise((r) => setTimeout(r, 20))
+  }
+  return true
+}
+
+const supervise = (
+  level: Containment.Level,
+  scanner: Scanner.ParsedSpec,
+  opts: { deadlineMs: number; graceMs?: number; args?: ReadonlyArray<string>; permits?: Permits.Permits; limits?: ExecutionUnit.Job["limits"] }
+) => {
+  const id = ++n
+  const deadline = Date.now() + opts.deadlineMs
+  const containment = Effect.runSync(Containment.withLevel(plan, level))
+  const end = ExecutionUnit.run({
+    job: {
+      reservationId: id,
+      target: { id, source: "github", identity: `acme/repo-${id}` },
+      workDir: join(dir, `work-${id}`),
+      stageFile: join(dir, `stage-${id}.json`),
+      scanner,
+      args: opts.args ?? [],
+      acquireArgs: [],
+      scanDeadline: deadline,
+      ...(opts.limits ? { limits: opts.limits } : {})
+    },
+    deadline,
+    graceMs: opts.graceMs ?? GRACE,
+    permits: opts.permits ?? Permits.make(1),
+    containment,
+    childPath: Unit.unitPath,
+    onSpawn: async () => {},
+    onPhase: async () => {}
+  }).then((e) => ({ ...e, settledAt: Date.now() }))
+  return { end, deadline }
+}
+
+const node = (name: string, stop: "SIGTERM" | "SIGKILL" = "SIGTERM") =>
+  Scanner.command({ name, command: process.execPath, args: [], exitCodes: { "0": "clean", "3": "findings" }, stop })
+
+const recorded = (file: string): Array<number> => (existsSync(file) ? readFileSync(file, "utf8").trim().split("\n").filter(Boolean).map(Number) : [])
+const alive = (pids: ReadonlyArray<number>) => pids.filter((p) => ProcessTree.isAlive(p))
+
+describe.each(plan.available)("containment %s", (level) => {
+  it("restart-on-SIGTERM scanner forking setsid copies during the grace: every copy is dead within grace + 1 s, killed_at_deadline in scanning", async () => {
+    const pids = join(dir, `restart-${level}.pids`)
+    const u = supervise(level, node("restart"), { deadlineMs: DEADLINE, graceMs: DEFAULT_GRACE, args: [Unit.adversary("restart-on-term"), pids] })
+    expect(await until(() => recorded(pids).length >= 1, u.deadline), "the scanner was running at its deadline").toBe(true)
+    const end = await u.end
+    expect(end.kind).toBe("deadline")
+    if (end.kind !== "deadline") return
+    expect(end.level).toBe(level)
+    expect(end.phase).toBe("scanning")
+    expect(end.signals).toEqual(["SIGTERM", "SIGKILL"])
+    expect(end.survivors).toEqual([])
+    expect(end.settledAt - u.deadline).toBeLessThan(DEFAULT_GRACE + 1000)
+    // It did restart during the grace: more than the one copy ran, and none is left.
+    expect(recorded(pids).length).toBeGreaterThan(1)
+    expect(alive(recorded(pids))).toEqual([])
+  })
+
+  it.each(["pipes", "nopipes"])("double-fork daemon (%s) left by a scanner that exits cleanly: the result is staged and the daemon dies with the unit", async (pipes) => {
+    const pids = join(dir, `daemon-exit-${pipes}-${level}.pids`)
+    const u = supervise(level, node("daemonize"), { deadlineMs: 8000, args: [Unit.adversary("daemonize"), pids, pipes, "exit"] })
+    const end = await u.end
+    expect(end.kind).toBe("staged")
+    if (end.kind !== "staged") return
+    expect(end.phase).toBe("staging")
+    expect(end.staged).toMatchObject({ kind: "exit", code: 0 })
+    expect(end.staged.findings).toEqual([{ detector: "Daemonize", file: "x" }])
+    expect(end.settledAt).toBeLessThan(u.deadline)
+    expect(recorded(pids)).toHaveLength(3)
+    expect(alive(recorded(pids))).toEqual([])
+  })
+
+  it("double-fork daemon holding the pipes of a scanner that never exits: all dead within grace + 1 s of the deadline", async () => {
+    const pids = join(dir, `daemon-stay-${level}.pids`)
+    const u = supervise(level, node("daemonize"), { deadlineMs: DEADLINE, args: [Unit.adversary("daemonize"), pids, "pipes", "stay"] })
+    expect(await until(() => recorded(pids).length >= 3, u.deadline), "the daemon was running at the deadline").toBe(true)
+    const end = await u.end
+    expect(end.kind).toBe("deadline")
+    if (end.kind !== "deadline") return
+    expect(end.phase).toBe("scanning")
+    expect(end.settledAt - u.deadline).toBeLessThan(GRACE + 1000)
+    expect(recorded(pids)).toHaveLength(3)
+    expect(alive(recorded(pids))).toEqual([])
+  })
+
+  it("SIGTERM-ignoring exit trap that starts a cleanup child: killed after the grace, within grace + 1 s", async () => {
+    const pids = join(dir, `trap-${level}.pids`)
+    const u = supervise(level, node("trap"), { deadlineMs: DEADLINE, graceMs: DEFAULT_GRACE, args: [Unit.adversary("term-trap"), pids] })
+    expect(await until(() => recorded(pids).length >= 1, u.deadline), "the scanner was running at its deadline").toBe(true)
+    const end = await u.end
+    expect(end.kind).toBe("deadline")
+    if (end.kind !== "deadline") return
+    expect(end.phase).toBe("scanning")
+    expect(end.signals).toEqual(["SIGTERM", "SIGKILL"])
+    const elapsed = end.settledAt - u.deadline
+    expect(elapsed).toBeGreaterThanOrEqual(DEFAULT_GRACE - 20)
+    expect(elapsed).toBeLessThan(DEFAULT_GRACE + 1000)
+    expect(recorded(pids)).toHaveLength(2)
+    expect(alive(recorded(pids))).toEqual([])
+  })
+
+  it("a scanner that exits while a grandchild holds its stdout is done: staged with its finding, not a timeout", async () => {
+    const pids = join(dir, `hold-${level}.pids`)
+    const u = supervise(level, node("hold"), { deadlineMs: 15_000, args: [Unit.adversary("hold-stdout"), pids] })
+    const end = await u.end
+    expect(end.kind).toBe("staged")
+    if (end.kind !== "staged") return
+    expect(end.staged).toMatchObject({ kind: "exit", code: 3, findings: [{ detector: "HoldStdout", file: "a.env" }] })
+    expect(Scanner.classify(node("hold"), end.staged)).toBe("findings")
+    // Settled on the scanner's exit plus the bounded drain, far from the deadline.
+    expect(u.deadline - end.settledAt).toBeGreaterThan(10_000)
+    expect(recorded(pids)).toHaveLength(2)
+    expect(alive(recorded(pids))).toEqual([])
+  })
+
+  it("a module runner blocked in cleanup, with a helper that left its session: killed_at_deadline in cleanup, its ctx.log lines kept", async () => {
+    const pids = join(dir, `cleanup-${level}.pids`)
+    const spec = Scanner.runnerModule({ name: "blocked", module: Unit.adversary("blocked-cleanup"), options: { pidFile: pids } })
+    const u = supervise(level, spec, { deadlineMs: DEADLINE })
+    expect(await until(() => recorded(pids).length >= 2, u.deadline), "the runner and its helper were running at the deadline").toBe(true)
+    const end = await u.end
+    expect(end.kind).toBe("deadline")
+    if (end.kind !== "deadline") return
+    expect(end.phase).toBe("cleanup")
+    expect(end.log).toContain("cleanup blocks now")
+    expect(end.settledAt - u.deadline).toBeLessThan(GRACE + 1000)
+    expect(recorded(pids)).toHaveLength(2)
+    expect(alive(recorded(pids))).toEqual([])
+  })
+
+  it("permit starvation: a unit waiting for a permit held by a killed unit gets it once that unit is gone; a unit never granted one ends in permit_wait", async () => {
+    const permits = Permits.make(1)
+    const holder = join(dir, `holder-${level}.pids`)
+    const a = supervise(level, node("trap"), { deadlineMs: DEADLINE, permits, args: [Unit.adversary("term-trap"), holder] })
+    expect(await until(() => recorded(holder).length >= 1, a.deadline), "the first unit holds the permit").toBe(true)
+    const bPids = join(dir, `waiter-${level}.pids`)
+    const b = supervise(level, node("hold"), { deadlineMs: DEADLINE + 8000, permits, args: [Unit.adversary("hold-stdout"), bPids] })
+    const [ea, eb] = await Promise.all([a.end, b.end])
+    expect(ea.kind).toBe("deadline")
+    expect(eb.kind).toBe("staged")
+    // b could only start once a's box was empty and its permit back.
+    expect(eb.settledAt).toBeGreaterThan(ea.settledAt)
+    const starved = supervise(level, node("hold"), { deadlineMs: 2000, permits: Permits.make(0), args: [Unit.adversary("hold-stdout"), join(dir, `never-${level}.pids`)] })
+    const es = await starved.end
+    expect(es.kind).toBe("deadline")
+    if (es.kind !== "deadline") return
+    expect(es.phase).toBe("permit_wait")
+    expect(es.scannerStarted).toBe(false)
+    expect(recorded(join(dir, `never-${level}.pids`))).toEqual([])
+    expect(alive([...recorded(holder), ...recorded(bPids)])).toEqual([])
+  })
+})
+
+/** VmHWM (peak resident set) of a process, KiB, from /proc. */
+const peakKiB = (pid: number): number => Number(/VmHWM:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0)
+
+describe("bounded memory", () => {
+  it.each(["json", "text", "oneline"])("a 200 MB stdout flood (%s) keeps this controller under 200 MiB and the unit under 256 MiB; the result says what was cut", async (mode) => {
+    const pids = join(dir, `flood-${mode}.pids`)
+    const before = peakKiB(process.pid)
+    const u = supervise(plan.level, node("flood"), { deadlineMs: 60_000, args: [Unit.adversary("flood"), pids, mode, String(200 * 1024 * 1024)] })
+    const end = await u.end
+    expect(end.kind).toBe("staged")
+    if (end.kind !== "staged") return
+    const cut = end.staged.cut!
+    expect(cut.stdoutBytes).toBe(200 * 1024 * 1024)
+    expect(cut.unstoredBytes).toBe(200 * 1024 * 1024 - 64 * 1024 * 1024)
+    if (mode === "json") {
+      expect(end.staged.findings.length).toBeGreaterThan(0)
+      expect(cut.findings).toBeGreaterThan(0)
+      expect(end.staged.log).toContain("finding(s) cut at the limits")
+    } else if (mode === "text") {
+      expect(end.staged.findings).toEqual([])
+      expect(end.staged.kind === "exit" && end.staged.malformed).toBeGreaterThan(1_000_000)
+    } else expect(cut.longLines).toBe(1)
+    expect(Buffer.byteLength(JSON.stringify(end.staged))).toBeLessThan(1_048_576)
+    const unitMiB = (end.unitPeakRssKiB ?? Number.POSITIVE_INFINITY) / 1024
+    const controllerMiB = peakKiB(process.pid) / 1024
+    console.log(`flood ${mode}: unit peak ${unitMiB.toFixed(0)} MiB, controller peak ${controllerMiB.toFixed(0)} MiB (before ${(before / 1024).toFixed(0)} MiB)`)
+    expect(unitMiB).toBeLessThan(256)
+    // This test process is the controller: its peak over the whole file, the flood included.
+    expect(controllerMiB).toBeLessThan(200)
+    expect(alive(recorded(pids))).toEqual([])
+  })
+})

@@ -1,0 +1,31 @@
+import { mkdirSync } from "node:fs"
+import { fileURLToPath } from "node:url"
+import { bundleEntry } from "./Controller.js"
+
+/**
+ * The execution unit and the TypeScript scanners tests run, bundled from
+ * source once per test process into the package's `.test-build/`, where a
+ * bundled controller finds them as the built package finds `dist/unit.js`.
+ */
+const outDir = fileURLToPath(new URL("../../.test-build/", import.meta.url))
+const src = (rel: string) => fileURLToPath(new URL(rel, import.meta.url))
+
+let built: Promise<void> | null = null
+
+/** Bundles the unit, the demo scanner and the adversarial scanners (once per process). */
+export const build = (): Promise<void> =>
+  (built ??= (async () => {
+    mkdirSync(outDir, { recursive: true })
+    await bundleEntry(src("../../src/unit/main.ts"), "unit", outDir)
+    await bundleEntry(src("../../src/unit/demo-scanner.ts"), "demo-scanner", outDir)
+    for (const name of adversaries) await bundleEntry(src(`../fixtures/adversarial/${name}.ts`), name, `${outDir}adversarial/`)
+  })())
+
+/** The bundled unit script. */
+export const unitPath = `${outDir}unit.js`
+
+/** The adversarial scanners under test/fixtures/adversarial. */
+export const adversaries = ["restart-on-term", "daemonize", "term-trap", "hold-stdout", "flood", "blocked-cleanup"] as const
+
+/** The bundled path of one adversarial scanner. */
+export const adversary = (name: (typeof adversaries)[number]): string => `${outDir}adversarial/${name}.js`
