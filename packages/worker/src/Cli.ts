@@ -3,6 +3,7 @@ import { isAbsolute, resolve } from "node:path"
 import { parseArgs } from "node:util"
 import * as LocalState from "./LocalState.js"
 import * as Scanner from "./Scanner.js"
+import * as Status from "./Status.js"
 import * as Supervisor from "./Supervisor.js"
 
 /**
@@ -20,6 +21,7 @@ const usage = `usage:
 SCANNER is one of:
   demo[:slowMarker]       the built-in demo scanner
   trufflehog              trufflehog with its exit-code table (183 = findings, SIGKILL only)
+  gitleaks                gitleaks over a clone of GitHub and GitLab targets (42 = findings)
   command:FILE.json       a command scanner described by a JSON file
   module:FILE.js          a module exporting a runner function (export default)
 The token may also come from SCANFLEET_TOKEN.`
@@ -28,6 +30,7 @@ The token may also come from SCANFLEET_TOKEN.`
 export const parseScanner = (value: string, cwd: string): Scanner.ParsedSpec => {
   if (value === "demo" || value.startsWith("demo:")) return Scanner.demo(value.startsWith("demo:") ? { slowMarker: value.slice(5) } : {})
   if (value === "trufflehog") return Scanner.trufflehog()
+  if (value === "gitleaks") return Scanner.gitleaks()
   if (value.startsWith("command:")) {
     const file = resolve(cwd, value.slice(8))
     return Scanner.CommandSpecSchema.parse({ kind: "command", ...JSON.parse(readFileSync(file, "utf8")) })
@@ -39,55 +42,23 @@ export const parseScanner = (value: string, cwd: string): Scanner.ParsedSpec => 
   throw new Error(`unknown scanner "${value}"\n${usage}`)
 }
 
-const duration = (ms: number): string => {
-  const abs = Math.abs(ms)
-  const text = abs < 1000 ? `${abs} ms` : abs < 120_000 ? `${(abs / 1000).toFixed(1)} s` : abs < 7_200_000 ? `${Math.round(abs / 60_000)} min` : `${(abs / 3_600_000).toFixed(1)} h`
-  return ms >= 0 ? `in ${text}` : `passed ${text} ago`
-}
+/** Renders the `status` view of a state file at `now` (see `Status.read` for the same as data). */
+export const renderStatus = async (state: LocalState.LocalState, now: number): Promise<string> => Status.render(await Status.read(state, now))
 
-/** Renders the `status` view of a state file at `now`. */
-export const renderStatus = async (state: LocalState.LocalState, now: number): Promise<string> => {
-  const out: Array<string> = []
-  const slots = await state.slots()
-  const open = await state.assignments({ open: true })
-  for (const s of slots) {
-    const a = s.reservationId === null ? undefined : open.find((x) => x.reservationId === s.reservationId)
-    if (!a) {
-      out.push(`slot ${s.slot}: idle`)
-      continue
-    }
-    out.push(`slot ${s.slot}: reservation ${a.reservationId} ${a.view.target.source}:${a.view.target.identity}`)
-    out.push(...describe(a, now))
-  }
-  const delivering = open.filter((a) => a.status === "delivering")
-  if (delivering.length > 0) out.push("", "delivering (slot already free):")
-  for (const a of delivering) {
-    out.push(`reservation ${a.reservationId} ${a.view.target.source}:${a.view.target.identity} (slot ${a.slot})`)
-    out.push(...describe(a, now))
-  }
-  return out.join("\n")
-}
-
-const describe = (a: LocalState.AssignmentRecord, now: number): Array<string> => {
-  const { rows, next } = Supervisor.describeDeadlines(a, now)
-  const lines = [`  current phase: ${a.phase ?? "none"} (last sequence ${a.lastSeq})${a.outcome ? `, outcome ${a.outcome}` : ""}`]
-  for (const r of rows) lines.push(`  ${r.label.padEnd(24)} ${new Date(r.at).toISOString()}  ${duration(r.remainingMs)}`)
-  if (a.status !== "done") lines.push(`  fires next: ${next ? `${next.label} ${duration(next.remainingMs)}` : "nothing (all three have passed)"}`)
-  return lines
-}
+const describe = (a: LocalState.AssignmentRecord, now: number): Array<string> => Status.describe(Status.line(a, now))
 
 /** Renders the `history` view: assignments with their journals. */
 export const renderHistory = async (state: LocalState.LocalState, q: { readonly reservationId?: number; readonly limit: number }, now: number): Promise<string> => {
   const out: Array<string> = []
   const list = q.reservationId !== undefined ? [await state.assignment(q.reservationId)].filter((a) => a !== null) : await state.assignments({ limit: q.limit })
   for (const a of list) {
-    out.push(`reservation ${a.reservationId} ${a.view.target.source}:${a.view.target.identity} slot ${a.slot} — ${a.status}${a.outcome ? `, outcome ${a.outcome}` : ""}${a.finalPhase ? ` (final phase ${a.finalPhase})` : ""}${a.receipt ? `, receipt ${a.receipt.receiptId}` : ""}`)
+    out.push(`reservation ${a.reservationId} ${a.view.target.source}:${a.view.target.identity} slot ${a.slot} fleet ${a.fleetId} — ${a.status}${a.outcome ? `, outcome ${a.outcome}` : ""}${a.finalPhase ? ` (final phase ${a.finalPhase})` : ""}${a.receipt ? `, receipt ${a.receipt.receiptId}` : ""}`)
     out.push(...describe(a, now))
-    for (const e of await state.journal(a.reservationId)) {
+    for (const e of await state.journal(a)) {
       const kind = e.kind === "recovered" ? "recovered in" : "entered"
       out.push(`  #${String(e.seq).padStart(3)} ${new Date(e.at).toISOString()} ${kind} ${e.phase}  [${e.delivery}]${e.detail ? `  ${e.detail}` : ""}`)
     }
-    const r = await state.result(a.reservationId)
+    const r = await state.result(a)
     if (r?.kind === "result") out.push(`  result after #${r.afterSeq}: ${r.body.outcome}, ${r.body.findings.length} finding(s) [${r.delivery}]${r.error ? ` ${r.error}` : ""}`)
     if (r?.kind === "release") out.push(`  release after #${r.afterSeq} [${r.delivery}]${r.error ? ` ${r.error}` : ""}`)
     out.push("")

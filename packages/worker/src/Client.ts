@@ -1,11 +1,11 @@
-import { PhaseModel, WorkerApi } from "@scanfleet/core"
-import { Data } from "effect"
+import { type PhaseModel, WorkerApi } from "@scanfleet/core"
+import { Data, Effect } from "effect"
 import type { z } from "zod"
 
 /**
  * The Worker API client. Every response is parsed with core's contract
  * schemas. Failures come in two kinds: the server could not be reached (or
- * answered as if overloaded), which the outbox retries; and the server refused
+ * answered as if overloaded), which the caller retries; and the server refused
  * the request, which no retry will change.
  */
 
@@ -19,18 +19,25 @@ export class ApiRefused extends Data.TaggedError("ApiRefused")<{
   readonly message: string
 }> {}
 
+/** A failed call. */
+export type ApiError = ApiUnreachable | ApiRefused
+
 /** A Worker API client for one device. */
 export interface Client {
+  /** The server's base URL. */
+  readonly server: string
+  /** Reports the device's containment level; answers with the server's fleet. */
+  readonly register: (containment: string) => Effect.Effect<z.infer<typeof WorkerApi.Registered>, ApiError>
   /** Claims an assignment for a slot; null when nothing is pending. */
-  readonly claim: (slot: number) => Promise<WorkerApi.AssignmentView | null>
+  readonly claim: (slot: number) => Effect.Effect<WorkerApi.AssignmentView | null, ApiError>
   /** Submits progress events (idempotent by sequence). */
-  readonly progress: (reservationId: number, fence: number, events: ReadonlyArray<PhaseModel.Event>) => Promise<z.infer<typeof WorkerApi.ProgressResponse>>
+  readonly progress: (reservationId: number, fence: number, events: ReadonlyArray<PhaseModel.Event>) => Effect.Effect<z.infer<typeof WorkerApi.ProgressResponse>, ApiError>
   /** Uploads the result; returns the receipt (a resubmission returns the original one). */
-  readonly result: (reservationId: number, body: z.infer<typeof WorkerApi.ResultRequest>) => Promise<z.infer<typeof WorkerApi.Receipt>>
+  readonly result: (reservationId: number, body: z.infer<typeof WorkerApi.ResultRequest>) => Effect.Effect<z.infer<typeof WorkerApi.Receipt>, ApiError>
   /** Gives an active reservation back; the target returns to pending. */
-  readonly release: (reservationId: number, body: z.infer<typeof WorkerApi.ReleaseRequest>) => Promise<WorkerApi.AssignmentView>
+  readonly release: (reservationId: number, body: z.infer<typeof WorkerApi.ReleaseRequest>) => Effect.Effect<WorkerApi.AssignmentView, ApiError>
   /** Reads one of the device's own assignments. */
-  readonly get: (reservationId: number) => Promise<WorkerApi.AssignmentView>
+  readonly get: (reservationId: number) => Effect.Effect<WorkerApi.AssignmentView, ApiError>
 }
 
 /** Client options. */
@@ -51,44 +58,52 @@ const retryable = (status: number) => status >= 500 || status === 408 || status 
  *
  * @example
  * const api = Client.make({ server: "http://127.0.0.1:8080", token: process.env.SCANFLEET_TOKEN! })
+ * const assignment = yield* api.claim(0)
  */
 export const make = (opts: Options): Client => {
   const base = opts.server.replace(/\/+$/, "")
-  const call = async <S extends z.ZodType>(method: "GET" | "POST", path: string, body: unknown, schema: S): Promise<z.infer<S>> => {
-    let res: Response
-    try {
-      res = await fetch(`${base}${path}`, {
-        method,
-        headers: { authorization: `Bearer ${opts.token}`, ...(body !== undefined ? { "content-type": "application/json" } : {}) },
-        body: body !== undefined ? JSON.stringify(body) : undefined,
-        signal: AbortSignal.timeout(opts.timeoutMs ?? 10_000)
+  const call = <S extends z.ZodType>(method: "GET" | "POST", path: string, body: unknown, schema: S): Effect.Effect<z.infer<S>, ApiError> =>
+    Effect.gen(function* () {
+      // Interrupting the call aborts the request.
+      const res = yield* Effect.tryPromise({
+        try: (signal) =>
+          fetch(`${base}${path}`, {
+            method,
+            headers: { authorization: `Bearer ${opts.token}`, ...(body !== undefined ? { "content-type": "application/json" } : {}) },
+            body: body !== undefined ? JSON.stringify(body) : undefined,
+            signal: AbortSignal.any([signal, AbortSignal.timeout(opts.timeoutMs ?? 10_000)])
+          }).then(async (r) => ({ ok: r.ok, status: r.status, text: await r.text().catch(() => "") })),
+        catch: (e) => new ApiUnreachable({ message: `${method} ${path}: ${String((e as Error).cause ?? (e as Error).message)}` })
       })
-    } catch (e) {
-      throw new ApiUnreachable({ message: `${method} ${path}: ${(e as Error).cause ?? (e as Error).message}` })
-    }
-    const text = await res.text().catch(() => "")
-    if (!res.ok) {
-      if (retryable(res.status)) throw new ApiUnreachable({ message: `${method} ${path}: HTTP ${res.status}`, status: res.status })
-      let parsed: WorkerApi.ErrorBody | null = null
-      try {
-        parsed = WorkerApi.ErrorBodySchema.parse(JSON.parse(text))
-      } catch {
-        parsed = null
+      if (!res.ok) {
+        if (retryable(res.status)) return yield* new ApiUnreachable({ message: `${method} ${path}: HTTP ${res.status}`, status: res.status })
+        const parsed = WorkerApi.ErrorBodySchema.safeParse(safeJson(res.text))
+        return yield* new ApiRefused({
+          status: res.status,
+          error: parsed.success ? parsed.data.error : `http_${res.status}`,
+          message: parsed.success ? parsed.data.message : res.text.slice(0, 500)
+        })
       }
-      throw new ApiRefused({ status: res.status, error: parsed?.error ?? `http_${res.status}`, message: parsed?.message ?? text.slice(0, 500) })
-    }
-    try {
-      return schema.parse(JSON.parse(text))
-    } catch (e) {
+      const parsed = schema.safeParse(safeJson(res.text))
       // A body that is not the contract's (a proxy's error page, say): treat it as a transient failure.
-      throw new ApiUnreachable({ message: `${method} ${path}: response does not match the contract: ${(e as Error).message.slice(0, 300)}` })
-    }
-  }
+      if (!parsed.success) return yield* new ApiUnreachable({ message: `${method} ${path}: response does not match the contract: ${parsed.error.message.slice(0, 300)}` })
+      return parsed.data as z.infer<S>
+    })
   return {
-    claim: async (slot) => (await call("POST", "/v1/assignments/claim", { slot }, WorkerApi.ClaimResponse)).assignment,
+    server: base,
+    register: (containment) => call("POST", "/v1/device/register", { containment }, WorkerApi.Registered),
+    claim: (slot) => Effect.map(call("POST", "/v1/assignments/claim", { slot }, WorkerApi.ClaimResponse), (r) => r.assignment),
     progress: (id, fence, events) => call("POST", `/v1/assignments/${id}/progress`, { fence, events }, WorkerApi.ProgressResponse),
     result: (id, body) => call("POST", `/v1/assignments/${id}/result`, body, WorkerApi.Receipt),
     release: (id, body) => call("POST", `/v1/assignments/${id}/release`, body, WorkerApi.AssignmentViewSchema),
     get: (id) => call("GET", `/v1/assignments/${id}`, undefined, WorkerApi.AssignmentViewSchema)
+  }
+}
+
+const safeJson = (text: string): unknown => {
+  try {
+    return JSON.parse(text)
+  } catch {
+    return undefined
   }
 }

@@ -1,16 +1,19 @@
 import type { WorkerApi } from "@scanfleet/core"
+import { Clock, Data, Duration, Effect, Queue, Schedule, type Scope, Stream, SubscriptionRef } from "effect"
 import type { z } from "zod"
-import { ApiRefused, ApiUnreachable, type Client } from "./Client.js"
-import type { LocalState } from "./LocalState.js"
+import type { Client } from "./Client.js"
+import type * as LocalState from "./LocalState.js"
 
 /**
  * The outbox: progress events and results leave the device from the local
  * journal, per reservation in sequence order, and a result only after every
- * event before it. While the server is unreachable the outbox retries with
- * capped exponential backoff; the scan stage does not wait for it. A refused
- * item is kept with the server's reason, never silently dropped; the server
- * answers a resubmission with the original acceptance, so a retry after a lost
- * response is safe.
+ * event before it. Only the current server's fleet is sent to: entries of
+ * another fleet wait for the device to point at it again. While the server is
+ * unreachable the outbox retries on a capped exponential schedule with
+ * jitter; the scan stage does not wait for it. A refused item is kept with
+ * the server's reason, never silently dropped; the server answers a
+ * resubmission with the original acceptance, so a retry after a lost response
+ * is safe.
  */
 
 /** What became of a result. */
@@ -21,168 +24,153 @@ export type Delivered =
 
 /** Outbox options. */
 export interface Options {
-  readonly state: LocalState
+  readonly state: LocalState.Service
   readonly client: Client
-  /** First retry delay (default 100 ms); doubles up to `maxBackoffMs` (default 5 s). */
+  /** The fleet of the server the client talks to, read before every pass; the sender waits while it is unknown. */
+  readonly fleet: Effect.Effect<string>
+  /** First retry delay (default 100 ms); doubles up to `maxBackoffMs` (default 5 s), each delay jittered to 50–100 %. */
   readonly minBackoffMs?: number
   readonly maxBackoffMs?: number
-  /** Called once per result when it is accepted, refused, or given up at the result-upload deadline. */
-  readonly onResult: (reservationId: number, d: Delivered) => Promise<void>
+  /** Called once per result when it is accepted, refused, or given up at its deadline. */
+  readonly onResult: (key: LocalState.Key, d: Delivered) => Effect.Effect<void, LocalState.StateError | LocalState.JournalRefused>
   /** Called on each failed attempt (for logs). */
-  readonly onRetry?: (reservationId: number, message: string, delayMs: number) => void
+  readonly onRetry?: (key: LocalState.Key | null, message: string) => void
 }
 
 /** A running outbox. */
 export interface Outbox {
   /** Wakes the sender (something was queued). */
-  readonly notify: () => void
-  /** Resolves once nothing is pending, or after `timeoutMs`; true when empty. */
-  readonly drain: (timeoutMs: number) => Promise<boolean>
-  /** Stops the sender after its current request. */
-  readonly stop: () => Promise<void>
+  readonly notify: Effect.Effect<void>
+  /** Succeeds with true once nothing of the current fleet is pending, or false after `timeoutMs`. */
+  readonly drain: (timeoutMs: number) => Effect.Effect<boolean>
 }
 
 const BATCH = 500
 
+/** The server could not be reached during a pass; the schedule decides when to try again. */
+class Unreachable extends Data.TaggedError("Unreachable")<{ readonly message: string }> {}
+
+/** The outbox's retry schedule: capped exponential backoff with jitter, so a fleet of devices does not retry in step. */
+export const backoff = (minMs: number, maxMs: number): Schedule.Schedule<Duration.Duration> =>
+  Schedule.exponential(Duration.millis(minMs), 2).pipe(
+    Schedule.modifyDelay((_, d) => Duration.min(d, Duration.millis(maxMs))),
+    Schedule.jitteredWith({ min: 0.5, max: 1 })
+  )
+
 /**
- * Starts the sender loop.
+ * Starts the sender in the current scope; closing the scope stops it.
  *
  * @example
- * const outbox = Outbox.start({ state, client, onResult: async () => {} })
+ * const outbox = yield* Outbox.make({ state, client, fleet: Effect.succeed(fleetId), onResult: () => Effect.void })
  */
-export const start = (opts: Options): Outbox => {
-  const min = opts.minBackoffMs ?? 100
-  const max = opts.maxBackoffMs ?? 5000
-  let stopped = false
-  let wake: (() => void) | null = null
-  let backoff = 0
-  let idle: Array<() => void> = []
+export const make = (opts: Options): Effect.Effect<Outbox, never, Scope.Scope> =>
+  Effect.gen(function* () {
+    const { state, client } = opts
+    const wake = yield* Queue.sliding<void>(1)
+    const empty = yield* SubscriptionRef.make(false)
+    const retry = (key: LocalState.Key | null, message: string) => Effect.sync(() => opts.onRetry?.(key, message))
 
-  const sleep = (ms: number) =>
-    new Promise<void>((r) => {
-      const t = setTimeout(() => {
-        wake = null
-        r()
-      }, ms)
-      wake = () => {
-        clearTimeout(t)
-        wake = null
-        r()
+    // One pass over a reservation; fails when the server could not be reached.
+    const flush = (key: LocalState.Key) =>
+      Effect.gen(function* () {
+        const a = yield* state.assignment(key)
+        if (a === null) return
+        const now = yield* Clock.currentTimeMillis
+        for (;;) {
+          const events = yield* state.pendingEvents(key, BATCH)
+          if (events.length === 0) break
+          if (now >= a.deadlines.expiry) {
+            yield* state.markEvents(key, events.map((e) => e.seq), "abandoned", now, "the assignment expiry passed before the event was delivered")
+            continue
+          }
+          const sent = yield* client
+            .progress(
+              key.reservationId,
+              a.fence,
+              events.map((e) => ({ seq: e.seq, kind: e.kind, phase: e.phase, at: e.at, ...(e.detail !== undefined ? { detail: e.detail } : {}) }))
+            )
+            .pipe(Effect.either)
+          if (sent._tag === "Left") {
+            const e = sent.left
+            if (e._tag === "ApiRefused") {
+              yield* state.markEvents(key, events.map((ev) => ev.seq), "refused", yield* Clock.currentTimeMillis, `${e.status} ${e.error}: ${e.message}`)
+              continue
+            }
+            yield* retry(key, e.message)
+            return yield* new Unreachable({ message: e.message })
+          }
+          const acked = new Set(sent.right.results.map((r) => r.seq))
+          yield* state.markEvents(key, events.filter((e) => acked.has(e.seq)).map((e) => e.seq), "acked", yield* Clock.currentTimeMillis)
+          if (!events.every((e) => acked.has(e.seq))) return yield* new Unreachable({ message: "the server acknowledged part of a batch" })
+        }
+        const r = yield* state.result(key)
+        if (r === null || r.delivery !== "pending") return
+        const journal = yield* state.journal(key)
+        if (journal.some((e) => e.seq <= r.afterSeq && e.delivery === "pending")) return
+        // A release is worth sending until the assignment expiry; a result only until the result-upload deadline.
+        if ((yield* Clock.currentTimeMillis) > (r.kind === "release" ? a.deadlines.expiry : a.deadlines.upload)) {
+          const message = r.kind === "release" ? "the assignment expiry passed before the release was delivered" : "the result-upload deadline passed before the result was delivered"
+          yield* state.markResult(key, "abandoned", message)
+          return yield* opts.onResult(key, { kind: "abandoned", message })
+        }
+        const sent =
+          r.kind === "release"
+            ? yield* Effect.either(Effect.as(client.release(key.reservationId, r.body), { kind: "released" } as Delivered))
+            : yield* Effect.either(Effect.map(client.result(key.reservationId, r.body), (receipt): Delivered => ({ kind: "accepted", receipt })))
+        if (sent._tag === "Right") {
+          yield* state.markResult(key, "acked")
+          return yield* opts.onResult(key, sent.right)
+        }
+        const e = sent.left
+        if (e._tag === "ApiRefused") {
+          const message = `${e.status} ${e.error}: ${e.message}`
+          yield* state.markResult(key, "refused", message)
+          return yield* opts.onResult(key, { kind: "refused", message })
+        }
+        yield* state.markResult(key, "pending", e.message)
+        yield* retry(key, e.message)
+        return yield* new Unreachable({ message: e.message })
+      })
+
+    // Every reservation is tried even when one cannot get through; the pass fails if any could not.
+    const pass = (fleetId: string) =>
+      Effect.gen(function* () {
+        const keys = yield* state.outboxReservations(fleetId)
+        const outcomes = yield* Effect.forEach(keys, (k) => Effect.either(flush(k)))
+        const failed = outcomes.find((o) => o._tag === "Left")
+        if (failed !== undefined && failed._tag === "Left") return yield* failed.left
+      }).pipe(
+        Effect.catchTags({
+          StateError: (e) => Effect.zipRight(retry(null, `outbox: ${e.message}`), new Unreachable({ message: e.message })),
+          JournalRefused: (e) => Effect.zipRight(retry(null, `outbox: ${e.message}`), new Unreachable({ message: e.message }))
+        })
+      )
+
+    const sender = Effect.gen(function* () {
+      for (;;) {
+        // Read every pass: the server behind the URL may be another fleet after a restart of it.
+        const fleetId = yield* opts.fleet
+        yield* Effect.retry(pass(fleetId), backoff(opts.minBackoffMs ?? 100, opts.maxBackoffMs ?? 5000))
+        const left = yield* Effect.orElseSucceed(state.outboxReservations(fleetId), () => [null])
+        yield* SubscriptionRef.set(empty, left.length === 0)
+        // Woken by new work, or every second to pick up what another writer queued.
+        yield* Effect.ignore(Effect.timeout(Queue.take(wake), Duration.seconds(1)))
       }
     })
+    yield* Effect.forkScoped(sender)
 
-  // One pass over a reservation; false when the server could not be reached.
-  const flush = async (id: number): Promise<boolean> => {
-    const a = await opts.state.assignment(id)
-    if (a === null) return true
-    const now = Date.now()
-    for (;;) {
-      const events = await opts.state.pendingEvents(id, BATCH)
-      if (events.length === 0) break
-      if (now >= a.deadlines.expiry) {
-        await opts.state.markEvents(id, events.map((e) => e.seq), "abandoned", now, "the assignment expiry passed before the event was delivered")
-        continue
-      }
-      try {
-        const res = await opts.client.progress(
-          id,
-          a.fence,
-          events.map((e) => ({ seq: e.seq, kind: e.kind, phase: e.phase, at: e.at, ...(e.detail !== undefined ? { detail: e.detail } : {}) }))
+    const notify = Effect.zipRight(SubscriptionRef.set(empty, false), Effect.asVoid(Queue.offer(wake, undefined)))
+    return {
+      notify,
+      drain: (timeoutMs) =>
+        Effect.zipRight(
+          notify,
+          empty.changes.pipe(
+            Stream.filter((x) => x),
+            Stream.take(1),
+            Stream.runDrain,
+            Effect.timeoutTo({ duration: Duration.millis(timeoutMs), onSuccess: () => true, onTimeout: () => false })
+          )
         )
-        const acked = new Set(res.results.map((r) => r.seq))
-        await opts.state.markEvents(id, events.filter((e) => acked.has(e.seq)).map((e) => e.seq), "acked", Date.now())
-        if (!events.every((e) => acked.has(e.seq))) return false
-      } catch (e) {
-        if (e instanceof ApiRefused) {
-          await opts.state.markEvents(id, events.map((ev) => ev.seq), "refused", Date.now(), `${e.status} ${e.error}: ${e.message}`)
-          continue
-        }
-        opts.onRetry?.(id, (e as Error).message, backoff)
-        return false
-      }
     }
-    const r = await opts.state.result(id)
-    if (r === null || r.delivery !== "pending") return true
-    const journal = await opts.state.journal(id)
-    if (journal.some((e) => e.seq <= r.afterSeq && e.delivery === "pending")) return true
-    // A release is worth sending until the assignment expiry; a result only until the result-upload deadline.
-    if (Date.now() > (r.kind === "release" ? a.deadlines.expiry : a.deadlines.upload)) {
-      const message = r.kind === "release" ? "the assignment expiry passed before the release was delivered" : "the result-upload deadline passed before the result was delivered"
-      await opts.state.markResult(id, "abandoned", message)
-      await opts.onResult(id, { kind: "abandoned", message })
-      return true
-    }
-    try {
-      if (r.kind === "release") {
-        await opts.client.release(id, r.body)
-        await opts.state.markResult(id, "acked")
-        await opts.onResult(id, { kind: "released" })
-        return true
-      }
-      const receipt = await opts.client.result(id, r.body)
-      await opts.state.markResult(id, "acked")
-      await opts.onResult(id, { kind: "accepted", receipt })
-      return true
-    } catch (e) {
-      if (e instanceof ApiRefused) {
-        const message = `${e.status} ${e.error}: ${e.message}`
-        await opts.state.markResult(id, "refused", message)
-        await opts.onResult(id, { kind: "refused", message })
-        return true
-      }
-      await opts.state.markResult(id, "pending", (e as ApiUnreachable).message)
-      opts.onRetry?.(id, (e as Error).message, backoff)
-      return false
-    }
-  }
-
-  const loop = (async () => {
-    while (!stopped) {
-      let ids: ReadonlyArray<number> = []
-      let reachable = true
-      try {
-        ids = await opts.state.outboxReservations()
-        for (const id of ids) {
-          if (stopped) break
-          if (!(await flush(id))) reachable = false
-        }
-      } catch (e) {
-        reachable = false
-        opts.onRetry?.(0, `outbox: ${(e as Error).message}`, backoff)
-      }
-      if (stopped) break
-      if (!reachable) {
-        backoff = backoff === 0 ? min : Math.min(max, backoff * 2)
-        // Jitter keeps a fleet of devices from retrying in step.
-        await sleep(backoff / 2 + Math.random() * (backoff / 2))
-        continue
-      }
-      backoff = 0
-      const left = await opts.state.outboxReservations().catch(() => [1])
-      if (left.length === 0) {
-        const waiting = idle
-        idle = []
-        for (const w of waiting) w()
-        await sleep(1000)
-      }
-    }
-  })()
-
-  return {
-    notify: () => wake?.(),
-    drain: (timeoutMs) =>
-      new Promise<boolean>((resolve) => {
-        const t = setTimeout(() => resolve(false), timeoutMs)
-        idle.push(() => {
-          clearTimeout(t)
-          resolve(true)
-        })
-        wake?.()
-      }),
-    stop: async () => {
-      stopped = true
-      wake?.()
-      await loop
-    }
-  }
-}
+  })

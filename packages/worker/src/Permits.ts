@@ -1,12 +1,17 @@
+import { Effect, STM, TSemaphore } from "effect"
+
 /**
- * Scan permits: a local counting semaphore that limits how many scanners run
- * at once on the device. Waiting for a permit is part of the scan stage, so
- * the target-scan deadline bounds it like everything else.
+ * Scan permits: how many scanners run at once on the device, a
+ * transactional semaphore. Waiting for a permit is part of the scan stage,
+ * so the target-scan deadline bounds it like everything else. `acquire` is
+ * the same semaphore for the execution unit's Promise side.
  */
 
 /** A permit pool. */
 export interface Permits {
-  /** Waits for a permit; resolves to a release function, or rejects when the signal aborts first. */
+  /** The semaphore itself, for Effect code (`TSemaphore.withPermit`). */
+  readonly semaphore: TSemaphore.TSemaphore
+  /** Waits for a permit; resolves to its release (idempotent), or rejects when the signal aborts first. */
   readonly acquire: (signal: AbortSignal) => Promise<() => void>
   /** Permits currently handed out. */
   readonly inUse: () => number
@@ -16,43 +21,29 @@ export interface Permits {
  * A pool of `size` permits (0 holds every scanner in `permit_wait`, which drains a device).
  *
  * @example
+ * const permits = yield* Permits.makeEffect(2)
+ */
+export const makeEffect = (size: number): Effect.Effect<Permits> =>
+  Effect.map(STM.commit(TSemaphore.make(size)), (semaphore) => ({
+    semaphore,
+    acquire: (signal) =>
+      Effect.runPromise(
+        // A take interrupted by the signal holds nothing; once taken, the release is made before anything can interrupt.
+        Effect.uninterruptibleMask((restore) =>
+          Effect.zipRight(
+            restore(STM.commit(TSemaphore.acquire(semaphore))),
+            Effect.map(Effect.once(STM.commit(TSemaphore.release(semaphore))), (release) => () => Effect.runSync(release))
+          )
+        ),
+        { signal }
+      ),
+    inUse: () => size - Effect.runSync(STM.commit(TSemaphore.available(semaphore)))
+  }))
+
+/**
+ * The same pool, made outside Effect.
+ *
+ * @example
  * const permits = Permits.make(2)
  */
-export const make = (size: number): Permits => {
-  let used = 0
-  const waiters: Array<{ grant: () => void }> = []
-  const release = () => {
-    used--
-    const next = waiters.shift()
-    if (next) next.grant()
-  }
-  return {
-    inUse: () => used,
-    acquire: (signal) =>
-      new Promise((resolve, reject) => {
-        if (signal.aborted) return reject(signal.reason)
-        let released = false
-        const once = () => {
-          if (!released) (released = true), release()
-        }
-        if (used < size) {
-          used++
-          return resolve(once)
-        }
-        const waiter = {
-          grant: () => {
-            signal.removeEventListener("abort", onAbort)
-            used++
-            resolve(once)
-          }
-        }
-        const onAbort = () => {
-          const i = waiters.indexOf(waiter)
-          if (i >= 0) waiters.splice(i, 1)
-          reject(signal.reason)
-        }
-        signal.addEventListener("abort", onAbort, { once: true })
-        waiters.push(waiter)
-      })
-  }
-}
+export const make = (size: number): Permits => Effect.runSync(makeEffect(size))

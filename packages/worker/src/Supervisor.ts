@@ -1,11 +1,12 @@
 import { Deadline, PhaseModel, WorkerApi } from "@scanfleet/core"
+import { Cause, Clock, Context, Data, Deferred, Duration, Effect, Exit, FiberSet, Layer, ManagedRuntime, Option, Runtime, type Scope, Stream, SubscriptionRef } from "effect"
 import { existsSync } from "node:fs"
 import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { Data } from "effect"
 import type { z } from "zod"
 import * as Client from "./Client.js"
+import * as Containment from "./Containment.js"
 import * as ExecutionUnit from "./ExecutionUnit.js"
 import * as LocalState from "./LocalState.js"
 import * as Outbox from "./Outbox.js"
@@ -14,26 +15,33 @@ import * as ProcessTree from "./ProcessTree.js"
 import * as Scanner from "./Scanner.js"
 
 /**
- * The device controller: it claims assignments for its slots, runs each scan
- * stage as a supervised execution unit under the hard target-scan deadline,
- * journals every phase before acting on it, hands events and results to the
- * outbox, and on start recovers whatever a previous run left behind.
+ * The device controller, one Effect program: it registers with the server
+ * (reporting its containment level, learning the server's fleet), recovers
+ * whatever a previous run left behind, then runs one scoped fiber per slot
+ * that claims assignments and runs each scan stage as a sealed execution
+ * unit under the hard target-scan deadline. Every phase is journaled before
+ * it is acted on, and events and results leave through the outbox. Closing
+ * the layer's scope stops claiming, ends running units (their reservations
+ * are released), gives the outbox a moment, closes the state and drops the
+ * lock file, in that order.
  */
 
 /** Something the controller did, for logs, tests and benchmarks. */
 export type DeviceEvent =
-  | { readonly type: "claimed"; readonly slot: number; readonly reservationId: number; readonly at: number }
+  | { readonly type: "registered"; readonly fleetId: string; readonly containment: Containment.Level; readonly at: number }
+  | { readonly type: "claimed"; readonly slot: number; readonly fleetId: string; readonly reservationId: number; readonly at: number }
   | {
       readonly type: "slot_freed"
       readonly slot: number
+      readonly fleetId: string
       readonly reservationId: number
       readonly at: number
       readonly end: ExecutionUnit.End["kind"]
       /** The local target-scan deadline of the assignment. */
       readonly scanDeadline: number
     }
-  | { readonly type: "recovered"; readonly reservationId: number; readonly phase: PhaseModel.Phase | null; readonly killed: ReadonlyArray<number> }
-  | { readonly type: "delivered"; readonly reservationId: number; readonly delivered: Outbox.Delivered }
+  | { readonly type: "recovered"; readonly fleetId: string; readonly reservationId: number; readonly phase: PhaseModel.Phase | null; readonly killed: ReadonlyArray<number> }
+  | { readonly type: "delivered"; readonly fleetId: string; readonly reservationId: number; readonly delivered: Outbox.Delivered }
   | { readonly type: "retry"; readonly reservationId: number; readonly message: string }
   | { readonly type: "error"; readonly message: string }
 
@@ -51,7 +59,7 @@ export interface Options {
   readonly state: string
   /** Scan permits: how many scanners may run at once (default: one per slot). */
   readonly permits?: number
-  /** SIGTERM → SIGKILL grace at the deadline, milliseconds (default 2000). */
+  /** SIGTERM → kill grace at the deadline, milliseconds (default 2000). */
   readonly graceMs?: number
   /** Wait between claims when nothing is pending, milliseconds (default 1000). */
   readonly pollMs?: number
@@ -59,23 +67,37 @@ export interface Options {
   readonly workRoot?: string
   /** Time a clean shutdown waits for the outbox, milliseconds (default 3000). */
   readonly drainMs?: number
-  /** Outbox backoff bounds, milliseconds. */
+  /** Outbox backoff bounds, milliseconds (default 100 ms and 5 s). */
   readonly minBackoffMs?: number
   readonly maxBackoffMs?: number
+  /** Forces a containment level (default: the strongest the device allows, or `SCANFLEET_CONTAINMENT`). */
+  readonly containment?: Containment.Level
   /** Receives every device event (default: JSON lines on stderr for errors and retries only). */
   readonly onEvent?: (e: DeviceEvent) => void
   /** Overrides the execution-unit script (tests). */
   readonly childPath?: string
 }
 
-/** A running device. */
-export interface Device {
-  readonly state: LocalState.LocalState
-  /** Stops claiming, ends running units (their groups are killed), flushes the outbox for a while and closes the state. */
-  readonly stop: () => Promise<void>
-}
+/** Another controller runs on the same state file; starting a second one would kill its scans. */
+export class StateInUse extends Data.TaggedError("StateInUse")<{ readonly file: string; readonly pid: number; readonly message: string }> {}
 
-const LOG_MAX = 60_000
+/** Why a device could not start. */
+export type StartError = StateInUse | Scanner.ScannerMissing | Containment.ContainmentError | LocalState.StateError | LocalState.JournalRefused
+
+/** A running device, as its layer provides it. */
+export class Controller extends Context.Tag("@scanfleet/worker/Controller")<
+  Controller,
+  {
+    /** The device's local state. */
+    readonly state: LocalState.Service
+    /** The containment its scan stages run under. */
+    readonly containment: Containment.Plan
+    /** The fleet of the server, once the device has heard from it. */
+    readonly fleet: Effect.Effect<string | null>
+  }
+>() {}
+
+const clockIso = (ms: number) => new Date(ms).toISOString()
 
 /** Builds a result body within the contract's bounds, saying in the log what was cut. */
 const resultBody = (
@@ -85,42 +107,28 @@ const resultBody = (
   findings: ReadonlyArray<Record<string, unknown>>,
   log: string
 ): z.infer<typeof WorkerApi.ResultRequest> => {
-  let kept = findings.slice(0, 10_000)
-  let note = kept.length < findings.length ? `\n[${findings.length - kept.length} findings cut at the 10,000 limit]` : ""
+  const max = WorkerApi.maxFindings
   const budget = WorkerApi.maxResultBytes - 70_000
-  while (kept.length > 0 && Buffer.byteLength(JSON.stringify(kept)) > budget) {
-    const half = Math.floor(kept.length / 2)
-    note = `\n[findings cut to ${half} of ${findings.length} to fit the result size limit]`
-    kept = kept.slice(0, half)
-  }
-  let text = log + note
-  if (text.length > LOG_MAX) text = text.slice(text.length - LOG_MAX)
-  return { fence, outcome, finalPhase, findings: kept as Array<Record<string, unknown>>, log: text }
+  const fit = (kept: ReadonlyArray<Record<string, unknown>>, note: string): [ReadonlyArray<Record<string, unknown>>, string] =>
+    kept.length > 0 && Buffer.byteLength(JSON.stringify(kept)) > budget
+      ? fit(kept.slice(0, Math.floor(kept.length / 2)), `\n[findings cut to ${Math.floor(kept.length / 2)} of ${findings.length} to fit the result size limit]`)
+      : [kept, note]
+  const [kept, note] = fit(findings.slice(0, max), findings.length > max ? `\n[${findings.length - max} findings cut at the ${max} limit]` : "")
+  const text = log + note
+  const limit = WorkerApi.maxLogChars - 5_000
+  return { fence, outcome, finalPhase, findings: kept as Array<Record<string, unknown>>, log: text.length > limit ? text.slice(text.length - limit) : text }
 }
 
-const clockIso = (ms: number) => new Date(ms).toISOString()
-
-/** Another controller runs on the same state file; starting a second one would kill its scans. */
-export class StateInUse extends Data.TaggedError("StateInUse")<{ readonly file: string; readonly pid: number; readonly message: string }> {}
-
 /**
- * Takes the state file's lock: a file naming this process (pid and start
- * time). A lock whose process is gone, or whose pid now belongs to another
- * process, is stale (the previous controller crashed) and is taken over.
+ * Takes the state file's lock for the scope: a file naming this process (pid
+ * and start time). A lock whose process is gone, or whose pid now belongs to
+ * another process, is stale (the previous controller crashed) and is taken over.
  */
-const lock = async (file: string): Promise<() => Promise<void>> => {
+const lock = (file: string): Effect.Effect<void, StateInUse, Scope.Scope> => {
   const me = JSON.stringify({ pid: process.pid, startTime: ProcessTree.startTime(process.pid) })
-  for (let attempt = 0; ; attempt++) {
-    try {
-      // Exclusive create: of two controllers starting at once, one wins.
-      await writeFile(file, me, { flag: "wx" })
-      return async () => {
-        await rm(file, { force: true })
-      }
-    } catch (e) {
-      if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw e
-    }
-    let holder = 0
+  // Exclusive create: of two controllers starting at once, one wins.
+  const create = Effect.tryPromise({ try: () => writeFile(file, me, { flag: "wx" }), catch: (e) => e as NodeJS.ErrnoException })
+  const holder = Effect.promise(async () => {
     try {
       let text = await readFile(file, "utf8")
       // A lock being written this very moment reads empty; give its writer a moment.
@@ -128,18 +136,412 @@ const lock = async (file: string): Promise<() => Promise<void>> => {
       const held = JSON.parse(text) as { pid?: unknown; startTime?: unknown }
       const pid = typeof held.pid === "number" && held.pid > 0 ? held.pid : 0
       const now = pid > 0 ? ProcessTree.stat(pid) : null
-      if (now !== null && now.state !== "Z" && (held.startTime === null || now.startTime === held.startTime)) holder = pid
+      return now !== null && now.state !== "Z" && (held.startTime === null || now.startTime === held.startTime) ? pid : 0
     } catch {
       // An unreadable lock names nobody.
+      return 0
     }
-    if (holder > 0 || attempt > 0)
-      throw new StateInUse({ file, pid: holder, message: `the state file is in use by a running controller${holder > 0 ? ` (pid ${holder})` : ""}; stop it first` })
-    await rm(file, { force: true })
-  }
+  })
+  const inUse = (pid: number) =>
+    new StateInUse({ file, pid, message: `the state file is in use by a running controller${pid > 0 ? ` (pid ${pid})` : ""}; stop it first` })
+  const take = create.pipe(
+    Effect.catchAll((e) =>
+      e.code !== "EEXIST"
+        ? Effect.die(e)
+        : Effect.flatMap(holder, (pid) =>
+            pid > 0
+              ? Effect.fail(inUse(pid))
+              : Effect.zipRight(
+                  Effect.promise(() => rm(file, { force: true })),
+                  Effect.mapError(create, () => inUse(0))
+                )
+          )
+    )
+  )
+  return Effect.acquireRelease(take, () => Effect.promise(() => rm(file, { force: true })))
 }
 
 /**
- * Starts a device: recovery first, then one claim loop per slot.
+ * The device as a scoped layer: everything it started lives in the layer's
+ * scope and ends with it.
+ *
+ * @example
+ * const DeviceLive = Supervisor.layer({ server: "http://127.0.0.1:8080", token, slots: 2, state: "./worker.db", scanner: Scanner.demo() })
+ * await Effect.runPromise(Layer.launch(DeviceLive))
+ */
+export const layer = (opts: Options): Layer.Layer<Controller, StartError> => Layer.scoped(Controller, make(opts))
+
+/** The device program: acquires everything in the current scope and returns once the slots run. */
+export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controller>, StartError, Scope.Scope> =>
+  Effect.gen(function* () {
+    const emit = (e: DeviceEvent) =>
+      Effect.sync(() =>
+        opts.onEvent
+          ? opts.onEvent(e)
+          : (e.type === "error" || e.type === "retry") && process.stderr.write(`${JSON.stringify({ at: new Date().toISOString(), ...e })}\n`)
+      )
+    const spec = opts.scanner
+    yield* Scanner.requireBinaries(spec)
+    const plan = yield* Containment.detect({ force: opts.containment })
+    yield* lock(`${opts.state}.lock`)
+    const state = yield* Effect.provide(LocalState.State, yield* Layer.build(LocalState.layer(opts.state)))
+    const client = Client.make({ server: opts.server, token: opts.token })
+    const permits = yield* Permits.makeEffect(opts.permits ?? opts.slots)
+    const graceMs = opts.graceMs ?? 2000
+    const pollMs = Duration.millis(opts.pollMs ?? 1000)
+    const workRoot = opts.workRoot ?? tmpdir()
+    const stageDir = `${opts.state}.stage`
+    yield* Effect.promise(() => mkdir(stageDir, { recursive: true }))
+    const runtime = yield* Effect.runtime<never>()
+    const runPromise = Runtime.runPromise(runtime)
+    const now = Clock.currentTimeMillis
+    yield* state.putController({ pid: process.pid, startedAt: yield* now, server: client.server, containment: plan.level, scanner: spec.name, slots: opts.slots })
+
+    // The fleet of the server the client talks to: learned at registration or from a claim.
+    const fleet = yield* SubscriptionRef.make<string | null>(null)
+    const recovered = yield* Deferred.make<void>()
+    // Waits for recovery to settle every record (so the outbox and recovery never write the same row at once) and for the fleet.
+    const fleetNow: Effect.Effect<string> = Effect.zipRight(
+      Deferred.await(recovered),
+      fleet.changes.pipe(Stream.filterMap(Option.fromNullable), Stream.runHead, Effect.map(Option.getOrElse(() => "")))
+    )
+    const sawFleet = (fleetId: string) =>
+      Effect.gen(function* () {
+        if ((yield* SubscriptionRef.get(fleet)) === fleetId) return
+        yield* state.sawFleet(fleetId, client.server, yield* now)
+        yield* SubscriptionRef.set(fleet, fleetId)
+      })
+
+    const mustGet = (k: LocalState.Key) =>
+      Effect.flatMap(state.assignment(k), (a) =>
+        a === null ? Effect.fail(new LocalState.StateError({ reason: "missing", message: `assignment ${k.reservationId} of fleet ${k.fleetId} vanished from the local state` })) : Effect.succeed(a)
+      )
+
+    const onResult = (k: LocalState.Key, d: Outbox.Delivered) =>
+      Effect.gen(function* () {
+        const a = yield* mustGet(k)
+        const terminal = a.phase !== null && PhaseModel.isTerminal(a.phase)
+        if (!terminal) {
+          // The server closed the reservation with the result, so this last event stays local.
+          if (d.kind === "accepted") yield* state.append(k, { kind: "phase", phase: "completed", at: yield* now, detail: `receipt ${d.receipt.receiptId}` }, "local")
+          else yield* state.append(k, { kind: "phase", phase: "failed", at: yield* now, detail: d.kind === "released" ? "released" : d.message }, "local")
+        }
+        const after = yield* mustGet(k)
+        yield* state.putAssignment({
+          ...after,
+          status: "done",
+          receipt: d.kind === "accepted" ? d.receipt : after.receipt,
+          note: d.kind === "accepted" ? after.note : d.kind === "released" ? "released: the target went back to the queue" : d.message
+        })
+        yield* emit({ type: "delivered", ...k, delivered: d })
+      })
+
+    const outbox = yield* Outbox.make({
+      state,
+      client,
+      fleet: fleetNow,
+      ...(opts.minBackoffMs !== undefined ? { minBackoffMs: opts.minBackoffMs } : {}),
+      ...(opts.maxBackoffMs !== undefined ? { maxBackoffMs: opts.maxBackoffMs } : {}),
+      onResult,
+      // Emitting is synchronous, so a plain callback can run it.
+      onRetry: (k, message) => Effect.runSync(emit({ type: "retry", reservationId: k?.reservationId ?? 0, message }))
+    })
+    // Runs before the sender is interrupted (finalizers run last-added first).
+    yield* Effect.addFinalizer(() => Effect.asVoid(outbox.drain(opts.drainMs ?? 3000)))
+
+    const append = (k: LocalState.Key, phase: PhaseModel.Phase, detail?: string, kind: "phase" | "recovered" = "phase") =>
+      Effect.gen(function* () {
+        const e = yield* state.append(k, { kind, phase, at: yield* now, ...(detail !== undefined ? { detail } : {}) })
+        yield* outbox.notify
+        return e
+      })
+
+    /** Ends an assignment whose scan stage stopped early: a terminal event, then the result. */
+    const finishEarly = (
+      k: LocalState.Key,
+      terminal: "timed_out" | "failed",
+      outcome: "killed_at_deadline" | "scan_error",
+      finalPhase: PhaseModel.Phase | null,
+      log: string
+    ) =>
+      Effect.gen(function* () {
+        const e = yield* append(k, terminal, log.slice(0, 1000))
+        const a = yield* mustGet(k)
+        // The record first: once the result is queued, the outbox may finish the assignment at any moment.
+        yield* state.putAssignment({ ...a, status: "delivering", outcome, finalPhase })
+        yield* state.putResult({ ...k, afterSeq: e.seq, body: resultBody(a.fence, outcome, finalPhase, [], log) })
+        yield* outbox.notify
+      })
+
+    /** Ends an assignment the device gives up on while the fleet can still use it: a terminal event, then a release. */
+    const finishReleased = (k: LocalState.Key, finalPhase: PhaseModel.Phase, detail: string) =>
+      Effect.gen(function* () {
+        const e = yield* append(k, "failed", detail.slice(0, 1000))
+        const a = yield* mustGet(k)
+        yield* state.putAssignment({ ...a, status: "delivering", finalPhase })
+        yield* state.putResult({ ...k, afterSeq: e.seq, kind: "release", body: { fence: a.fence } })
+        yield* outbox.notify
+      })
+
+    /** Runs the upload stage's local part: bundle the result, queue it; the outbox waits for the receipt. */
+    const finishThroughUpload = (
+      k: LocalState.Key,
+      outcome: Exclude<z.infer<typeof WorkerApi.Receipt>["outcome"], "killed_at_deadline">,
+      finalPhase: PhaseModel.Phase | null,
+      staged: { readonly findings: ReadonlyArray<Record<string, unknown>>; readonly log: string }
+    ) =>
+      Effect.gen(function* () {
+        const started = yield* mustGet(k)
+        if (started.phase === null || PhaseModel.canTransition(started.phase, "bundling")) yield* append(k, "bundling")
+        const a = yield* mustGet(k)
+        const body = resultBody(a.fence, outcome, finalPhase, staged.findings, staged.log)
+        if (a.phase !== "uploading" && a.phase !== "awaiting_receipt") yield* append(k, "uploading")
+        const cur = yield* mustGet(k)
+        const waiting = cur.phase === "awaiting_receipt" ? cur.lastSeq : (yield* append(k, "awaiting_receipt")).seq
+        yield* state.putAssignment({ ...(yield* mustGet(k)), status: "delivering", outcome, finalPhase })
+        yield* state.putResult({ ...k, afterSeq: waiting, body })
+        if (a.stageFile) yield* Effect.promise(() => rm(a.stageFile!, { force: true }))
+        yield* outbox.notify
+      })
+
+    const classified = (staged: Scanner.Staged) => {
+      const outcome = Scanner.classify(spec, staged)
+      return outcome === "killed_at_deadline" ? "scan_error" : outcome
+    }
+
+    // Aborted first when the scope closes, so running units end (as "stopped") before their fibers are awaited.
+    const stopUnits = new AbortController()
+
+    const execute = (slot: number, view: WorkerApi.AssignmentView, askedAt: number) =>
+      Effect.gen(function* () {
+        const k: LocalState.Key = { fleetId: view.fleetId, reservationId: view.reservationId }
+        const id = view.reservationId
+        const claimedAt = yield* now
+        // Measured from when the claim was sent, the offset errs early: the device
+        // stops by the server's deadline even with the request's latency unknown.
+        const offset = askedAt - view.serverNow
+        const deadlines = {
+          scan: view.deadlines.targetScan.at + offset,
+          upload: view.deadlines.resultUpload.at + offset,
+          expiry: view.deadlines.assignmentExpiry.at + offset
+        }
+        const workDir = yield* Effect.promise(() => mkdtemp(join(workRoot, `scanfleet-r${id}-`)))
+        // The fleet is in the name: a reservation id alone repeats across databases.
+        const stageFile = join(stageDir, `${view.fleetId}-r${id}.json`)
+        yield* state.putAssignment({
+          ...k,
+          slot,
+          fence: view.fence,
+          view,
+          clockOffsetMs: offset,
+          deadlines,
+          status: "running",
+          phase: null,
+          lastSeq: 0,
+          runner: null,
+          tmpDir: workDir,
+          stageFile,
+          outcome: null,
+          finalPhase: null,
+          receipt: null,
+          note: null
+        })
+        yield* state.putSlot({ slot, ...k, updatedAt: claimedAt })
+        yield* emit({ type: "claimed", slot, ...k, at: claimedAt })
+        yield* append(k, "assigned", `${view.target.source}:${view.target.identity}`.slice(0, 1000))
+        const vars = { source: view.target.source, identity: view.target.identity, workDir, targetId: view.target.id }
+        const end = yield* Effect.promise(() =>
+          ExecutionUnit.run({
+            job: {
+              reservationId: id,
+              target: { id: view.target.id, source: view.target.source, identity: view.target.identity },
+              workDir,
+              stageFile,
+              scanner: spec,
+              args: spec.kind === "command" ? Scanner.expand(spec.args, vars) : [],
+              acquireArgs: spec.kind === "command" && spec.acquire ? Scanner.expand(spec.acquire.args, vars) : [],
+              scanDeadline: deadlines.scan
+            },
+            deadline: deadlines.scan,
+            graceMs,
+            permits,
+            containment: plan,
+            signal: stopUnits.signal,
+            ...(opts.childPath !== undefined ? { childPath: opts.childPath } : {}),
+            onSpawn: (runner) => runPromise(Effect.flatMap(mustGet(k), (a) => state.putAssignment({ ...a, runner }))),
+            onPhase: (phase, at) => runPromise(Effect.zipRight(state.append(k, { kind: "phase", phase, at }), outbox.notify))
+          })
+        )
+        // The unit and everything it started are gone and its permit is back:
+        // release its files and free the slot. The result is produced next,
+        // before the slot claims again; a crash in between leaves an open
+        // assignment that recovery finishes.
+        yield* Effect.promise(() => rm(workDir, { recursive: true, force: true }))
+        yield* state.putAssignment({ ...(yield* mustGet(k)), runner: null, tmpDir: null })
+        yield* state.putSlot({ slot, fleetId: null, reservationId: null, updatedAt: yield* now })
+        yield* emit({ type: "slot_freed", slot, ...k, at: yield* now, end: end.kind, scanDeadline: deadlines.scan })
+        switch (end.kind) {
+          case "deadline":
+            return yield* finishEarly(
+              k,
+              "timed_out",
+              "killed_at_deadline",
+              end.phase,
+              `the target-scan deadline (${clockIso(deadlines.scan)} on this device's clock) fired during ${end.phase}; ` +
+                `sent ${end.signals.join(", ") || "nothing (the unit had already ended)"} to the unit (containment ${end.level})` +
+                (end.scannerStarted ? "" : "; the scanner never started") +
+                (end.survivors.length > 0 ? `; survivors: ${end.survivors.join(", ")}` : "") +
+                (end.log ? `\n${end.log}` : "")
+            )
+          case "stopped":
+            // Nothing is known about the target, so it goes back to the queue rather than failing.
+            return yield* finishReleased(k, end.phase, `the device shut down during ${end.phase}; the unit was killed (containment ${end.level}) and the reservation released`)
+          case "failed":
+            return yield* finishThroughUpload(k, "scan_error", end.phase, { findings: [], log: end.message })
+          case "staged":
+            return yield* finishThroughUpload(k, classified(end.staged), end.phase, end.staged)
+        }
+      })
+
+    /** Finishes what a previous run of the controller left, in every fleet: one `recovered` event per open timeline. */
+    const recover = Effect.gen(function* () {
+      for (const a of yield* state.assignments({ open: true })) {
+        const k: LocalState.Key = { fleetId: a.fleetId, reservationId: a.reservationId }
+        const killed = a.runner ? yield* Effect.promise(() => ProcessTree.killStale(a.runner!)) : []
+        if (a.tmpDir) yield* Effect.promise(() => rm(a.tmpDir!, { recursive: true, force: true }))
+        yield* state.putAssignment({ ...(yield* mustGet(k)), runner: null, tmpDir: null })
+        yield* emit({ type: "recovered", ...k, phase: a.phase, killed })
+        const last = yield* state.result(k)
+        if (last !== null && last.delivery !== "pending") {
+          // The last word was settled before the crash; only its bookkeeping was lost.
+          if (last.delivery === "acked" && last.kind === "result") {
+            // A resubmission returns the original receipt, and onResult then runs as usual.
+            yield* state.markResult(k, "pending")
+          } else
+            yield* onResult(
+              k,
+              last.delivery === "acked" ? { kind: "released" } : { kind: last.delivery === "refused" ? "refused" : "abandoned", message: last.error ?? last.delivery }
+            )
+          continue
+        }
+        // A crash between persisting the claim and its first event: the timeline starts now.
+        if (a.phase === null) yield* append(k, "assigned", `${a.view.target.source}:${a.view.target.identity}`.slice(0, 1000))
+        const phaseNow = (yield* mustGet(k)).phase!
+        const terminal = PhaseModel.isTerminal(phaseNow)
+        if (!terminal)
+          yield* append(
+            k,
+            phaseNow,
+            `the controller restarted during ${phaseNow}` + (a.runner ? `; ${killed.length} surviving process(es) of the unit (pid ${a.runner.pid}) killed` : ""),
+            "recovered"
+          )
+        if (last !== null) {
+          // A queued result or release: the outbox resumes it.
+          yield* state.putAssignment({ ...(yield* mustGet(k)), status: "delivering" })
+          continue
+        }
+        if (terminal) {
+          // The terminal event was journaled, its result was not: queue it after that event.
+          const journal = yield* state.journal(k)
+          const end = journal.at(-1)!
+          const before = journal.filter((e) => e.kind === "phase" && !PhaseModel.isTerminal(e.phase)).at(-1)?.phase ?? "assigned"
+          const cur = yield* mustGet(k)
+          yield* state.putAssignment({ ...cur, status: "delivering", finalPhase: before })
+          if (end.phase === "failed" && end.detail?.startsWith("the device shut down"))
+            yield* state.putResult({ ...k, afterSeq: end.seq, kind: "release", body: { fence: cur.fence } })
+          else {
+            const outcome = end.phase === "timed_out" ? "killed_at_deadline" : "scan_error"
+            yield* state.putResult({ ...k, afterSeq: end.seq, body: resultBody(cur.fence, outcome, before, [], end.detail ?? "") })
+          }
+          continue
+        }
+        // A scan stage that staged its result before the crash resumes at the upload stage.
+        const staged =
+          a.stageFile && existsSync(a.stageFile)
+            ? yield* Effect.promise(() =>
+                readFile(a.stageFile!, "utf8").then(
+                  (t) => Scanner.StagedSchema.safeParse(JSON.parse(t)).data ?? null,
+                  () => null
+                ).catch(() => null)
+              )
+            : null
+        if (staged !== null) yield* finishThroughUpload(k, classified(staged), "staging", staged)
+        else if (PhaseModel.isScanStage(phaseNow) || phaseNow === "assigned") {
+          if ((yield* now) >= a.deadlines.scan)
+            yield* finishEarly(k, "timed_out", "killed_at_deadline", phaseNow, `the target-scan deadline passed while the controller was down; the scan stage ended during ${phaseNow}`)
+          else yield* finishEarly(k, "failed", "scan_error", phaseNow, `the controller restarted during ${phaseNow}; the execution unit was lost`)
+        } else {
+          // The upload stage began but neither the staged file nor the queued result survived.
+          yield* finishEarly(k, "failed", "scan_error", phaseNow, `the controller restarted during ${phaseNow}; the staged result was lost`)
+        }
+      }
+      for (const s of yield* state.slots) if (s.reservationId !== null) yield* state.putSlot({ ...s, fleetId: null, reservationId: null, updatedAt: yield* now })
+    })
+
+    // Retried on a capped exponential schedule with jitter while the server cannot be reached.
+    const reachBackoff = Outbox.backoff(200, 5000)
+
+    const register = client.register(plan.level).pipe(
+      Effect.tapError((e) => (e._tag === "ApiUnreachable" ? emit({ type: "retry", reservationId: 0, message: `registration: ${e.message}` }) : Effect.void)),
+      Effect.retry({ schedule: reachBackoff, while: (e) => e._tag === "ApiUnreachable" }),
+      Effect.flatMap((r) => Effect.zipRight(sawFleet(r.fleetId), emit({ type: "registered", fleetId: r.fleetId, containment: plan.level, at: r.serverNow }))),
+      Effect.catchAll((e) => emit({ type: "error", message: `registration ${e._tag === "ApiRefused" ? `refused: ${e.status} ${e.error}: ${e.message}` : `failed: ${e.message}`}` }))
+    )
+
+    /** One claim: an assignment, or null after a refusal or when nothing is pending. */
+    const claimOnce = (slot: number) =>
+      // The request itself is not interrupted: an assignment the server issued is run (or released), never dropped.
+      Effect.uninterruptible(client.claim(slot)).pipe(
+        Effect.tapError((e) => (e._tag === "ApiUnreachable" ? emit({ type: "retry", reservationId: 0, message: `claim for slot ${slot}: ${e.message}` }) : Effect.void)),
+        Effect.retry({ schedule: reachBackoff, while: (e) => e._tag === "ApiUnreachable" }),
+        Effect.catchAll((e) =>
+          // A slot whose last reservation still awaits its result is busy at the server for a moment; anything else needs an operator.
+          e._tag === "ApiRefused" && /slot_busy|capacity/.test(e.error)
+            ? Effect.succeed(null)
+            : Effect.as(emit({ type: "error", message: `claim for slot ${slot} refused: ${e._tag === "ApiRefused" ? `${e.status} ${e.error}: ` : ""}${e.message}` }), null)
+        )
+      )
+
+    const slotLoop = (slot: number) =>
+      Effect.forever(
+        Effect.gen(function* () {
+          const askedAt = yield* now
+          const view = yield* claimOnce(slot)
+          if (view === null) return yield* Effect.sleep(pollMs)
+          yield* Effect.uninterruptible(Effect.zipRight(sawFleet(view.fleetId), execute(slot, view, askedAt))).pipe(
+            Effect.catchAllCause((cause) =>
+              Cause.isInterruptedOnly(cause)
+                ? Effect.failCause(cause)
+                : Effect.zipRight(emit({ type: "error", message: `slot ${slot}, reservation ${view.reservationId}: ${Cause.pretty(cause)}` }), Effect.sleep(pollMs))
+            )
+          )
+        })
+      )
+
+    yield* recover
+    yield* Deferred.succeed(recovered, undefined)
+    yield* Effect.forkScoped(register)
+    const known = yield* state.slots
+    for (let slot = 0; slot < opts.slots; slot++)
+      if (!known.some((s) => s.slot === slot)) yield* state.putSlot({ slot, fleetId: null, reservationId: null, updatedAt: yield* now })
+    const slots = yield* FiberSet.make()
+    for (let slot = 0; slot < opts.slots; slot++) yield* FiberSet.run(slots, slotLoop(slot))
+    yield* Effect.addFinalizer(() => Effect.sync(() => stopUnits.abort()))
+    return { state, containment: plan, fleet: SubscriptionRef.get(fleet) }
+  })
+
+/** A running device, for callers that do not use Effect. */
+export interface Device {
+  /** The device's local state as Promises. */
+  readonly state: LocalState.LocalState
+  /** The containment its scan stages run under. */
+  readonly containment: Containment.Plan
+  /** Stops claiming, ends running units (their reservations are released), flushes the outbox for a while and closes the state. */
+  readonly stop: () => Promise<void>
+}
+
+/**
+ * Starts a device and resolves once its slots run: `layer` behind Promises.
  *
  * @example
  * const device = await Supervisor.start({
@@ -148,349 +550,23 @@ const lock = async (file: string): Promise<() => Promise<void>> => {
  * process.on("SIGTERM", () => void device.stop())
  */
 export const start = async (opts: Options): Promise<Device> => {
-  const emit = opts.onEvent ?? ((e: DeviceEvent) => {
-    if (e.type === "error" || e.type === "retry") process.stderr.write(`${JSON.stringify({ at: new Date().toISOString(), ...e })}\n`)
-  })
-  const unlock = await lock(`${opts.state}.lock`)
-  const state = await LocalState.open(opts.state).catch(async (e) => {
-    await unlock()
-    throw e
-  })
-  const client = Client.make({ server: opts.server, token: opts.token })
-  const permits = Permits.make(opts.permits ?? opts.slots)
-  const graceMs = opts.graceMs ?? 2000
-  const pollMs = opts.pollMs ?? 1000
-  const workRoot = opts.workRoot ?? tmpdir()
-  const stageDir = `${opts.state}.stage`
-  await mkdir(stageDir, { recursive: true })
-  const stopUnits = new AbortController()
-  let stopping = false
-  let wakeSleepers: Array<() => void> = []
-
-  const sleep = (ms: number) =>
-    new Promise<void>((r) => {
-      const t = setTimeout(done, ms)
-      function done() {
-        clearTimeout(t)
-        wakeSleepers = wakeSleepers.filter((w) => w !== done)
-        r()
-      }
-      wakeSleepers.push(done)
-    })
-
-  const mustGet = async (id: number) => {
-    const a = await state.assignment(id)
-    if (a === null) throw new Error(`assignment ${id} vanished from the local state`)
-    return a
+  const rt = ManagedRuntime.make(layer(opts))
+  const exit = await rt.runPromiseExit(Controller)
+  if (Exit.isFailure(exit)) {
+    await rt.dispose()
+    throw Cause.squash(exit.cause)
   }
-
-  const onResult = async (id: number, d: Outbox.Delivered) => {
-    const a = await mustGet(id)
-    const terminal = a.phase !== null && PhaseModel.isTerminal(a.phase)
-    if (!terminal) {
-      // The server closed the reservation with the result, so this last event stays local.
-      if (d.kind === "accepted") await state.append(id, { kind: "phase", phase: "completed", at: Date.now(), detail: `receipt ${d.receipt.receiptId}` }, "local")
-      else await state.append(id, { kind: "phase", phase: "failed", at: Date.now(), detail: d.kind === "released" ? "released" : d.message }, "local")
-    }
-    const after = await mustGet(id)
-    await state.putAssignment({
-      ...after,
-      status: "done",
-      receipt: d.kind === "accepted" ? d.receipt : after.receipt,
-      note: d.kind === "accepted" ? after.note : d.kind === "released" ? "released: the target went back to the queue" : d.message
-    })
-    emit({ type: "delivered", reservationId: id, delivered: d })
+  const device = exit.value
+  const run = async <A, E>(e: Effect.Effect<A, E>): Promise<A> => {
+    const r = await rt.runPromiseExit(e)
+    if (Exit.isSuccess(r)) return r.value
+    throw Cause.squash(r.cause)
   }
-
-  // Started once recovery has settled every record, so the two never write the same row at once.
-  let sender: Outbox.Outbox | null = null
-  const outbox = { notify: () => sender?.notify() }
-  const startOutbox = () =>
-    (sender = Outbox.start({
-      state,
-      client,
-      ...(opts.minBackoffMs !== undefined ? { minBackoffMs: opts.minBackoffMs } : {}),
-      ...(opts.maxBackoffMs !== undefined ? { maxBackoffMs: opts.maxBackoffMs } : {}),
-      onResult,
-      onRetry: (reservationId, message) => emit({ type: "retry", reservationId, message })
-    }))
-
-  const append = async (id: number, phase: PhaseModel.Phase, detail?: string, kind: "phase" | "recovered" = "phase") => {
-    const e = await state.append(id, { kind, phase, at: Date.now(), ...(detail !== undefined ? { detail } : {}) })
-    outbox.notify()
-    return e
-  }
-
-  /** Ends an assignment whose scan stage stopped early: a terminal event, then the result. */
-  const finishEarly = async (
-    id: number,
-    terminal: "timed_out" | "failed",
-    outcome: "killed_at_deadline" | "scan_error",
-    finalPhase: PhaseModel.Phase | null,
-    log: string
-  ) => {
-    const e = await append(id, terminal, log.slice(0, 1000))
-    const a = await mustGet(id)
-    // The record first: once the result is queued, the outbox may finish the assignment at any moment.
-    await state.putAssignment({ ...a, status: "delivering", outcome, finalPhase })
-    await state.putResult({ reservationId: id, afterSeq: e.seq, body: resultBody(a.fence, outcome, finalPhase, [], log) })
-    outbox.notify()
-  }
-
-  /** Ends an assignment the device gives up on while the fleet can still use it: a terminal event, then a release. */
-  const finishReleased = async (id: number, finalPhase: PhaseModel.Phase, detail: string) => {
-    const e = await append(id, "failed", detail.slice(0, 1000))
-    const a = await mustGet(id)
-    await state.putAssignment({ ...a, status: "delivering", finalPhase })
-    await state.putResult({ reservationId: id, afterSeq: e.seq, kind: "release", body: { fence: a.fence } })
-    outbox.notify()
-  }
-
-  /** Runs the upload stage's local part: bundle the result, queue it, and wait for the receipt. */
-  const finishThroughUpload = async (id: number, outcome: Exclude<z.infer<typeof WorkerApi.Receipt>["outcome"], "killed_at_deadline">, finalPhase: PhaseModel.Phase | null, staged: { findings: ReadonlyArray<Record<string, unknown>>; log: string }) => {
-    const started = await mustGet(id)
-    if (started.phase === null || PhaseModel.canTransition(started.phase, "bundling")) await append(id, "bundling")
-    const a = await mustGet(id)
-    const body = resultBody(a.fence, outcome, finalPhase, staged.findings, staged.log)
-    if (a.phase !== "uploading" && a.phase !== "awaiting_receipt") await append(id, "uploading")
-    const cur = await mustGet(id)
-    const waiting = cur.phase === "awaiting_receipt" ? cur.lastSeq : (await append(id, "awaiting_receipt")).seq
-    await state.putAssignment({ ...(await mustGet(id)), status: "delivering", outcome, finalPhase })
-    await state.putResult({ reservationId: id, afterSeq: waiting, body })
-    if (a.stageFile) await rm(a.stageFile, { force: true })
-    outbox.notify()
-  }
-
-  const spec = opts.scanner
-
-  const execute = async (slot: number, view: WorkerApi.AssignmentView, askedAt: number) => {
-    const id = view.reservationId
-    const now = Date.now()
-    // Measured from when the claim was sent, the offset errs early: the device
-    // stops by the server's deadline even with the request's latency unknown.
-    const offset = askedAt - view.serverNow
-    const deadlines = {
-      scan: view.deadlines.targetScan.at + offset,
-      upload: view.deadlines.resultUpload.at + offset,
-      expiry: view.deadlines.assignmentExpiry.at + offset
-    }
-    const workDir = await mkdtemp(join(workRoot, `scanfleet-r${id}-`))
-    const stageFile = join(stageDir, `r${id}.json`)
-    const record: LocalState.AssignmentRecord = {
-      reservationId: id,
-      slot,
-      fence: view.fence,
-      view,
-      clockOffsetMs: offset,
-      deadlines,
-      status: "running",
-      phase: null,
-      lastSeq: 0,
-      runner: null,
-      tmpDir: workDir,
-      stageFile,
-      outcome: null,
-      finalPhase: null,
-      receipt: null,
-      note: null
-    }
-    await state.putAssignment(record)
-    await state.putSlot({ slot, reservationId: id, updatedAt: now })
-    emit({ type: "claimed", slot, reservationId: id, at: now })
-    await append(id, "assigned", `${view.target.source}:${view.target.identity}`.slice(0, 1000))
-    const vars = { source: view.target.source, identity: view.target.identity, workDir, targetId: view.target.id }
-    const end = await ExecutionUnit.run({
-      job: {
-        reservationId: id,
-        target: { id: view.target.id, source: view.target.source, identity: view.target.identity },
-        workDir,
-        stageFile,
-        scanner: spec,
-        args: spec.kind === "command" ? Scanner.expand(spec.args, vars) : [],
-        acquireArgs: spec.kind === "command" && spec.acquire ? Scanner.expand(spec.acquire.args, vars) : [],
-        scanDeadline: deadlines.scan
-      },
-      deadline: deadlines.scan,
-      graceMs,
-      permits,
-      signal: stopUnits.signal,
-      ...(opts.childPath !== undefined ? { childPath: opts.childPath } : {}),
-      onSpawn: async (runner) => {
-        await state.putAssignment({ ...(await mustGet(id)), runner })
-      },
-      onPhase: async (phase, at) => {
-        await state.append(id, { kind: "phase", phase, at })
-        outbox.notify()
-      }
-    })
-    // The unit and its group are gone and its permit is back: release its
-    // files and free the slot. The result is produced next, before the slot
-    // claims again; a crash in between leaves an open assignment that recovery finishes.
-    await rm(workDir, { recursive: true, force: true })
-    await state.putAssignment({ ...(await mustGet(id)), runner: null, tmpDir: null })
-    await state.putSlot({ slot, reservationId: null, updatedAt: Date.now() })
-    emit({ type: "slot_freed", slot, reservationId: id, at: Date.now(), end: end.kind, scanDeadline: deadlines.scan })
-    switch (end.kind) {
-      case "deadline":
-        await finishEarly(
-          id,
-          "timed_out",
-          "killed_at_deadline",
-          end.phase,
-          `the target-scan deadline (${clockIso(deadlines.scan)} on this device's clock) fired during ${end.phase}; ` +
-            `sent ${end.signals.join(", ") || "nothing (the group had already ended)"} to the runner's process group` +
-            (end.scannerStarted ? "" : "; the scanner never started") +
-            (end.survivors.length > 0 ? `; survivors: ${end.survivors.join(", ")}` : "")
-        )
-        break
-      case "stopped":
-        // Nothing is known about the target, so it goes back to the queue rather than failing.
-        await finishReleased(id, end.phase, `the device shut down during ${end.phase}; the runner's process group was killed and the reservation released`)
-        break
-      case "failed":
-        await finishThroughUpload(id, "scan_error", end.phase, { findings: [], log: end.message })
-        break
-      case "staged": {
-        const outcome = Scanner.classify(spec, end.staged)
-        await finishThroughUpload(id, outcome === "killed_at_deadline" ? "scan_error" : outcome, end.phase, end.staged)
-        break
-      }
-    }
-  }
-
-  /** Finishes what a previous run of the controller left: one `recovered` event per open timeline. */
-  const recover = async () => {
-    for (const a of await state.assignments({ open: true })) {
-      const id = a.reservationId
-      const killed = a.runner ? await ProcessTree.killStale(a.runner) : []
-      if (a.tmpDir) await rm(a.tmpDir, { recursive: true, force: true })
-      await state.putAssignment({ ...(await mustGet(id)), runner: null, tmpDir: null })
-      emit({ type: "recovered", reservationId: id, phase: a.phase, killed })
-      const last = await state.result(id)
-      if (last !== null && last.delivery !== "pending") {
-        // The last word was settled before the crash; only its bookkeeping was lost.
-        if (last.delivery === "acked" && last.kind === "result") {
-          // A resubmission returns the original receipt, and onResult then runs as usual.
-          await state.markResult(id, "pending")
-          outbox.notify()
-        } else
-          await onResult(
-            id,
-            last.delivery === "acked" ? { kind: "released" } : { kind: last.delivery === "refused" ? "refused" : "abandoned", message: last.error ?? last.delivery }
-          )
-        continue
-      }
-      // A crash between persisting the claim and its first event: the timeline starts now.
-      if (a.phase === null) await append(id, "assigned", `${a.view.target.source}:${a.view.target.identity}`.slice(0, 1000))
-      const phaseNow = (await mustGet(id)).phase!
-      const terminal = PhaseModel.isTerminal(phaseNow)
-      if (!terminal)
-        await append(
-          id,
-          phaseNow,
-          `the controller restarted during ${phaseNow}` + (a.runner ? `; ${killed.length} surviving process(es) of group ${a.runner.pgid} killed` : ""),
-          "recovered"
-        )
-      if (last !== null) {
-        // A queued result or release: the outbox resumes it.
-        await state.putAssignment({ ...(await mustGet(id)), status: "delivering" })
-        continue
-      }
-      if (terminal) {
-        // The terminal event was journaled, its result was not: queue it after that event.
-        const journal = await state.journal(id)
-        const end = journal.at(-1)!
-        const before = journal.filter((e) => e.kind === "phase" && !PhaseModel.isTerminal(e.phase)).at(-1)?.phase ?? "assigned"
-        const cur = await mustGet(id)
-        await state.putAssignment({ ...cur, status: "delivering", finalPhase: before })
-        if (end.phase === "failed" && end.detail?.startsWith("the device shut down"))
-          await state.putResult({ reservationId: id, afterSeq: end.seq, kind: "release", body: { fence: cur.fence } })
-        else {
-          const outcome = end.phase === "timed_out" ? "killed_at_deadline" : "scan_error"
-          await state.putResult({ reservationId: id, afterSeq: end.seq, body: resultBody(cur.fence, outcome, before, [], end.detail ?? "") })
-        }
-        outbox.notify()
-        continue
-      }
-      // A scan stage that staged its result before the crash resumes at the upload stage.
-      let staged: Scanner.Staged | null = null
-      if (a.stageFile && existsSync(a.stageFile)) {
-        try {
-          staged = Scanner.StagedSchema.parse(JSON.parse(await readFile(a.stageFile, "utf8")))
-        } catch {
-          staged = null
-        }
-      }
-      if (staged !== null) {
-        const outcome = Scanner.classify(spec, staged)
-        await finishThroughUpload(id, outcome === "killed_at_deadline" ? "scan_error" : outcome, "staging", staged)
-      } else if (PhaseModel.isScanStage(phaseNow) || phaseNow === "assigned") {
-        if (Date.now() >= a.deadlines.scan)
-          await finishEarly(id, "timed_out", "killed_at_deadline", phaseNow, `the target-scan deadline passed while the controller was down; the scan stage ended during ${phaseNow}`)
-        else await finishEarly(id, "failed", "scan_error", phaseNow, `the controller restarted during ${phaseNow}; the execution unit was lost`)
-      } else {
-        // The upload stage began but neither the staged file nor the queued result survived.
-        await finishEarly(id, "failed", "scan_error", phaseNow, `the controller restarted during ${phaseNow}; the staged result was lost`)
-      }
-    }
-    for (const s of await state.slots()) if (s.reservationId !== null) await state.putSlot({ ...s, reservationId: null, updatedAt: Date.now() })
-  }
-
-  const slotLoop = async (slot: number) => {
-    let backoff = 0
-    while (!stopping) {
-      let view: WorkerApi.AssignmentView | null
-      const askedAt = Date.now()
-      try {
-        view = await client.claim(slot)
-        backoff = 0
-      } catch (e) {
-        if (!(e instanceof Client.ApiRefused)) {
-          backoff = Math.min(Math.max(backoff * 2, 200), 5000)
-          emit({ type: "retry", reservationId: 0, message: `claim for slot ${slot}: ${(e as Error).message}` })
-          await sleep(backoff)
-        } else {
-          // A slot whose last reservation still awaits its result is busy at the server for a moment; anything else needs an operator.
-          if (!/slot_busy|capacity/.test(e.error)) emit({ type: "error", message: `claim for slot ${slot} refused: ${e.status} ${e.error}: ${e.message}` })
-          await sleep(pollMs)
-        }
-        continue
-      }
-      if (view === null) {
-        await sleep(pollMs)
-        continue
-      }
-      try {
-        await execute(slot, view, askedAt)
-      } catch (e) {
-        emit({ type: "error", message: `slot ${slot}, reservation ${view.reservationId}: ${(e as Error).stack ?? e}` })
-        await sleep(pollMs)
-      }
-    }
-  }
-
-  await recover()
-  startOutbox()
-  for (let slot = 0; slot < opts.slots; slot++) {
-    const known = (await state.slots()).find((s) => s.slot === slot)
-    if (!known) await state.putSlot({ slot, reservationId: null, updatedAt: Date.now() })
-  }
-  const loops = Array.from({ length: opts.slots }, (_, slot) => slotLoop(slot))
-
-  let stopped: Promise<void> | null = null
   return {
-    state,
-    stop: () =>
-      (stopped ??= (async () => {
-        stopping = true
-        stopUnits.abort()
-        for (const w of wakeSleepers) w()
-        await Promise.all(loops)
-        await sender?.drain(opts.drainMs ?? 3000)
-        await sender?.stop()
-        await state.close()
-        await unlock()
-      })())
+    state: LocalState.handle(device.state, run, () => Promise.resolve()),
+    containment: device.containment,
+    // Disposing twice closes the scope once.
+    stop: () => rt.dispose()
   }
 }
 

@@ -11,6 +11,7 @@ const dir = mkdtempSync(join(tmpdir(), "scanfleet-localstate-"))
 afterAll(() => rmSync(dir, { recursive: true, force: true }))
 
 const view = (reservationId: number) => ({
+  fleetId: "fleet-a",
   reservationId,
   fence: 1,
   deviceId: 1,
@@ -36,6 +37,7 @@ const view = (reservationId: number) => ({
 })
 
 const record = (reservationId: number): LocalState.AssignmentRecord => ({
+  fleetId: "fleet-a",
   reservationId,
   slot: 0,
   fence: 1,
