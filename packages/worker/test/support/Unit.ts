@@ -1,4 +1,4 @@
-import { mkdirSync } from "node:fs"
+import { chmodSync, mkdirSync } from "node:fs"
 import { fileURLToPath } from "node:url"
 import { bundleEntry } from "./Controller.js"
 
@@ -19,13 +19,15 @@ export const build = (): Promise<void> =>
     await bundleEntry(src("../../src/unit/main.ts"), "unit", outDir)
     await bundleEntry(src("../../src/unit/demo-scanner.ts"), "demo-scanner", outDir)
     for (const name of adversaries) await bundleEntry(src(`../fixtures/adversarial/${name}.ts`), name, `${outDir}adversarial/`)
+    // Run as a command of its own, as the real binary is.
+    chmodSync(adversary("fake-trufflehog"), 0o755)
   })())
 
 /** The bundled unit script. */
 export const unitPath = `${outDir}unit.js`
 
-/** The adversarial scanners under test/fixtures/adversarial. */
-export const adversaries = ["restart-on-term", "daemonize", "term-trap", "hold-stdout", "flood", "blocked-cleanup"] as const
+/** The scanners under test/fixtures/adversarial (the hostile ones, and a few plain ones). */
+export const adversaries = ["restart-on-term", "daemonize", "term-trap", "hold-stdout", "flood", "blocked-cleanup", "exit-code", "fake-trufflehog"] as const
 
 /** The bundled path of one adversarial scanner. */
 export const adversary = (name: (typeof adversaries)[number]): string => `${outDir}adversarial/${name}.js`
