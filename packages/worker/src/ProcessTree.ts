@@ -1,9 +1,10 @@
 import { readdirSync, readFileSync } from "node:fs"
 
 /**
- * Process groups as the watchdog sees them. On Linux it reads /proc, so it can
- * tell a live member from a zombie and a recycled pid from the runner it
- * started; elsewhere it falls back to `kill(-pgid, 0)`.
+ * Processes and process groups as /proc shows them, so a live member can be
+ * told from a zombie and a recycled pid from the runner that was started
+ * (elsewhere it falls back to `kill(-pgid, 0)`). Ending a scan stage is
+ * `Containment`'s business: a snapshot of a tree cannot see what forks after it.
  */
 
 /** One process as /proc/<pid>/stat describes it. */
@@ -72,18 +73,6 @@ export const members = (pgid: number): ReadonlyArray<number> => {
   return [pgid]
 }
 
-/** Every live descendant of a process (children, grandchildren, ...). */
-export const descendants = (pid: number): ReadonlyArray<number> => {
-  const procs = all().filter((p) => p.state !== "Z" && p.state !== "X")
-  const out: Array<number> = []
-  const queue = [pid]
-  while (queue.length > 0) {
-    const parent = queue.shift()!
-    for (const p of procs) if (p.ppid === parent && !out.includes(p.pid)) (out.push(p.pid), queue.push(p.pid))
-  }
-  return out
-}
-
 /** Sends a signal to a whole group; a group that is already gone is not an error. */
 export const signalGroup = (pgid: number, signal: NodeJS.Signals): boolean => {
   try {
@@ -105,58 +94,6 @@ export const waitEmpty = async (pgid: number, ms: number): Promise<boolean> => {
     if (Date.now() >= until) return false
     await sleep(10)
   }
-}
-
-/**
- * Ends a process group: SIGTERM first unless the scanner treats it as
- * "restart", SIGKILL after the grace period, then waits (bounded) until no
- * member is alive. Returns how it went, for the journal.
- */
-export const terminate = async (
-  pgid: number,
-  opts: { readonly graceMs: number; readonly sigterm: boolean }
-): Promise<{ readonly signals: ReadonlyArray<NodeJS.Signals>; readonly survivors: ReadonlyArray<number> }> => {
-  const signals: Array<NodeJS.Signals> = []
-  if (opts.sigterm) {
-    if (signalGroup(pgid, "SIGTERM")) signals.push("SIGTERM")
-    if (await waitEmpty(pgid, opts.graceMs)) return { signals, survivors: [] }
-  }
-  if (signalGroup(pgid, "SIGKILL")) signals.push("SIGKILL")
-  await waitEmpty(pgid, 1000)
-  return { signals, survivors: members(pgid) }
-}
-
-/**
- * Ends a runner's process group and every descendant that left it (a scanner
- * that called setsid, say): the tree is snapshotted before any signal, since
- * a killed parent hands its children to init, and a snapshotted process is
- * killed only if it is still the same process (same start time).
- */
-export const terminateTree = async (
-  leader: number,
-  opts: { readonly graceMs: number; readonly sigterm: boolean }
-): Promise<{ readonly signals: ReadonlyArray<NodeJS.Signals>; readonly survivors: ReadonlyArray<number> }> => {
-  const snapshot = descendants(leader)
-    .map((pid) => stat(pid))
-    .filter((p): p is ProcStat => p !== null && p.pgid !== leader)
-  const r = await terminate(leader, opts)
-  for (const p of snapshot) {
-    const now = stat(p.pid)
-    if (now && now.startTime === p.startTime && now.state !== "Z") {
-      try {
-        process.kill(p.pid, "SIGKILL")
-      } catch {
-        // gone meanwhile
-      }
-    }
-  }
-  const until = Date.now() + 500
-  const alive = () => snapshot.filter((p) => {
-    const now = stat(p.pid)
-    return now !== null && now.startTime === p.startTime && now.state !== "Z"
-  })
-  while (alive().length > 0 && Date.now() < until) await new Promise((res) => setTimeout(res, 10))
-  return { signals: r.signals, survivors: [...r.survivors, ...alive().map((p) => p.pid)] }
 }
 
 /**

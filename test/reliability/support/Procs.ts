@@ -1,6 +1,6 @@
 import { type ChildProcess, spawn } from "node:child_process"
 import { randomBytes, randomUUID } from "node:crypto"
-import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, symlinkSync } from "node:fs"
+import { mkdirSync, readdirSync, readFileSync, rmSync } from "node:fs"
 import { createServer as createNetServer } from "node:net"
 import { fileURLToPath } from "node:url"
 import pg from "pg"
@@ -18,7 +18,7 @@ export const root = fileURLToPath(new URL("../../../", import.meta.url))
 // The server and worker CLIs are bundled from source once per test file
 // (workspace packages inlined, dependencies left to node_modules): a bundle
 // starts in a fraction of the time a TypeScript loader takes. The worker's
-// packaged runtime scripts sit beside the bundle, where the built package keeps them.
+// execution unit and demo scanner are bundled beside it, where the built package keeps them.
 const buildDir = `${root}test/reliability/.build/${process.pid}/`
 let built: Promise<{ server: string; worker: string }> | null = null
 
@@ -28,9 +28,14 @@ export const bundles = (): Promise<{ server: string; worker: string }> =>
     const { build } = await import("tsup")
     process.on("exit", () => rmSync(buildDir, { recursive: true, force: true }))
     mkdirSync(buildDir, { recursive: true })
-    if (!existsSync(`${buildDir}runtime`)) symlinkSync(`${root}packages/worker/runtime`, `${buildDir}runtime`)
     await build({
-      entry: { server: `${root}packages/server-example/src/bin.ts`, worker: fileURLToPath(new URL("../fixtures/worker-entry.ts", import.meta.url)) },
+      entry: {
+        server: `${root}packages/server-example/src/bin.ts`,
+        worker: fileURLToPath(new URL("../fixtures/worker-entry.ts", import.meta.url)),
+        // The worker's own entries, beside its bundle as the built package keeps them beside its index.
+        unit: `${root}packages/worker/src/unit/main.ts`,
+        "demo-scanner": `${root}packages/worker/src/unit/demo-scanner.ts`
+      },
       outDir: `${buildDir}bin`,
       format: ["esm"],
       platform: "node",
