@@ -36,7 +36,8 @@ export type DeviceEvent =
       readonly fleetId: string
       readonly reservationId: number
       readonly at: number
-      readonly end: ExecutionUnit.End["kind"]
+      /** How the scan stage ended; `unsupported` when the scanner has no command line for the target's source. */
+      readonly end: ExecutionUnit.End["kind"] | "unsupported"
       /** The local target-scan deadline of the assignment. */
       readonly scanDeadline: number
     }
@@ -350,6 +351,14 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
         yield* emit({ type: "claimed", slot, ...k, at: claimedAt })
         yield* append(k, "assigned", `${view.target.source}:${view.target.identity}`.slice(0, 1000))
         const vars = { source: view.target.source, identity: view.target.identity, workDir, targetId: view.target.id }
+        if (!Scanner.supports(spec, view.target.source)) {
+          // Nothing to run: the target is unresolved for this scanner, and the slot is free at once.
+          yield* Effect.promise(() => rm(workDir, { recursive: true, force: true }))
+          yield* state.putAssignment({ ...(yield* mustGet(k)), tmpDir: null })
+          yield* state.putSlot({ slot, fleetId: null, reservationId: null, updatedAt: yield* now })
+          yield* emit({ type: "slot_freed", slot, ...k, at: yield* now, end: "unsupported", scanDeadline: deadlines.scan })
+          return yield* finishThroughUpload(k, "unsupported", null, { findings: [], log: `the ${spec.name} scanner has no command line for ${view.target.source} targets` })
+        }
         const end = yield* Effect.promise(() =>
           ExecutionUnit.run({
             job: {
@@ -358,8 +367,8 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
               workDir,
               stageFile,
               scanner: spec,
-              args: spec.kind === "command" ? Scanner.expand(spec.args, vars) : [],
-              acquireArgs: spec.kind === "command" && spec.acquire ? Scanner.expand(spec.acquire.args, vars) : [],
+              args: spec.kind === "command" ? Scanner.expand(spec.args, vars, spec.hosts) : [],
+              acquireArgs: spec.kind === "command" && spec.acquire ? Scanner.expand(spec.acquire.args, vars, spec.hosts) : [],
               scanDeadline: deadlines.scan
             },
             deadline: deadlines.scan,
