@@ -1,5 +1,5 @@
 import { Config, MemoryStore, Store } from "@scanfleet/core"
-import { Server, ServerConfig } from "@scanfleet/server-example"
+import { Database, Server, ServerConfig } from "@scanfleet/server-example"
 import { Layer, ManagedRuntime } from "effect"
 import { createServer, Socket, type Server as NetServer } from "node:net"
 
@@ -16,6 +16,8 @@ export interface Fleet {
   readonly url: string
   readonly token: string
   readonly deviceId: number
+  /** The fleet id of the server's database. */
+  readonly fleetId: string
   /** Adds pending github targets. */
   readonly seed: (identities: ReadonlyArray<string>) => Promise<void>
   /** The server's accepted timeline of a reservation. */
@@ -25,10 +27,16 @@ export interface Fleet {
   readonly close: () => Promise<void>
 }
 
-/** Starts the server with a target-scan timeout of `scanSeconds` for github. */
-export const start = async (opts: { readonly scanSeconds: number; readonly uploadSeconds?: number; readonly ttlSeconds?: number; readonly slots?: number }): Promise<Fleet> => {
-  const config = ServerConfig.make({ adminToken, host: "127.0.0.1", port: 0, sweepIntervalMs: 100, logLevel: "none", databaseUrl: "memory:" })
-  const rt = ManagedRuntime.make(Server.layer(config).pipe(Layer.provide(MemoryStore.layer)))
+/** Starts the server with a target-scan timeout of `scanSeconds` for github, over the in-memory store or `databaseUrl`. */
+export const start = async (opts: {
+  readonly scanSeconds: number
+  readonly uploadSeconds?: number
+  readonly ttlSeconds?: number
+  readonly slots?: number
+  readonly databaseUrl?: string
+}): Promise<Fleet> => {
+  const config = ServerConfig.make({ adminToken, host: "127.0.0.1", port: 0, sweepIntervalMs: 100, logLevel: "none", databaseUrl: opts.databaseUrl ?? "memory:" })
+  const rt = ManagedRuntime.make(Server.layer(config).pipe(Layer.provide(opts.databaseUrl ? Database.layer(opts.databaseUrl, { poolSize: 4 }) : MemoryStore.layer)))
   const info = await rt.runPromise(Server.Info)
   const store = await rt.runPromise(Store.Store)
   const admin = async (path: string, body: unknown) => {
@@ -49,10 +57,12 @@ export const start = async (opts: { readonly scanSeconds: number; readonly uploa
   }
   await admin("/v1/admin/config/apply", doc)
   const dev = await admin("/v1/admin/devices", { name: "test-device", slots: opts.slots ?? 4 })
+  const fleet = await rt.runPromise(store.fleet())
   return {
     url: info.url,
     token: dev.token,
     deviceId: dev.device.id,
+    fleetId: fleet.id,
     seed: (ids) => rt.runPromise(store.recordObservations(ids.map((identity) => ({ source: "github" as const, identity, remoteAt: null })), Date.now())).then(() => {}),
     timeline: (id) => rt.runPromise(store.timeline(id)) as any,
     assignment: (id) => rt.runPromise(store.getAssignment(id)),
