@@ -497,10 +497,13 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
       Effect.catchAll((e) => emit({ type: "error", message: `registration ${e._tag === "ApiRefused" ? `refused: ${e.status} ${e.error}: ${e.message}` : `failed: ${e.message}`}` }))
     )
 
-    /** One claim: an assignment, or null after a refusal or when nothing is pending. */
+    /**
+     * One claim: an assignment with the device time its request was sent
+     * (each retry measures its own), or null after a refusal or when nothing is pending.
+     */
     const claimOnce = (slot: number) =>
       // The request itself is not interrupted: an assignment the server issued is run (or released), never dropped.
-      Effect.uninterruptible(client.claim(slot)).pipe(
+      Effect.flatMap(now, (askedAt) => Effect.map(Effect.uninterruptible(client.claim(slot)), (view) => (view === null ? null : { view, askedAt }))).pipe(
         Effect.tapError((e) => (e._tag === "ApiUnreachable" ? emit({ type: "retry", reservationId: 0, message: `claim for slot ${slot}: ${e.message}` }) : Effect.void)),
         Effect.retry({ schedule: reachBackoff, while: (e) => e._tag === "ApiUnreachable" }),
         Effect.catchAll((e) =>
@@ -514,9 +517,9 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
     const slotLoop = (slot: number) =>
       Effect.forever(
         Effect.gen(function* () {
-          const askedAt = yield* now
-          const view = yield* claimOnce(slot)
-          if (view === null) return yield* Effect.sleep(pollMs)
+          const claimed = yield* claimOnce(slot)
+          if (claimed === null) return yield* Effect.sleep(pollMs)
+          const { view, askedAt } = claimed
           yield* Effect.uninterruptible(Effect.zipRight(sawFleet(view.fleetId), execute(slot, view, askedAt))).pipe(
             Effect.catchAllCause((cause) =>
               Cause.isInterruptedOnly(cause)

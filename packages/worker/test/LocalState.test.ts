@@ -1,6 +1,6 @@
 import { PhaseModel } from "@scanfleet/core"
 import { LocalState } from "@scanfleet/worker"
-import { FastCheck as fc } from "effect"
+import { Effect, FastCheck as fc } from "effect"
 import { execFileSync } from "node:child_process"
 import { mkdtempSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
@@ -130,6 +130,62 @@ describe("the local phase journal", () => {
       await expect(again.assignment(9)).rejects.toThrow(/lastSeq/)
     } finally {
       await again.close()
+    }
+  })
+})
+
+describe("a state file written before fleets had ids", () => {
+  it("is upgraded in place by the Migrator: its rows join the legacy fleet, and the first fleet the device registers with takes them over", async () => {
+    const file = join(dir, "v1.db")
+    // The schema and rows as the previous worker wrote them (PRAGMA user_version 3, keyed by reservation alone).
+    const { fleetId: _f, view: v, ...old } = record(4)
+    const { fleetId: _vf, ...oldView } = v
+    const doc = JSON.stringify({ ...old, view: oldView, status: "delivering", phase: "awaiting_receipt", lastSeq: 2 })
+    execFileSync(process.execPath, [
+      "-e",
+      `const D = require("better-sqlite3"); const db = new D(${JSON.stringify(file)});
+       db.exec("CREATE TABLE slots (slot INTEGER PRIMARY KEY, doc TEXT NOT NULL)");
+       db.exec("CREATE TABLE assignments (reservation_id INTEGER PRIMARY KEY, doc TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'running')");
+       db.exec("CREATE TABLE events (reservation_id INTEGER NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL, phase TEXT NOT NULL, at INTEGER NOT NULL, detail TEXT, delivery TEXT NOT NULL, acked_at INTEGER, error TEXT, PRIMARY KEY (reservation_id, seq))");
+       db.exec("CREATE TABLE results (reservation_id INTEGER PRIMARY KEY, after_seq INTEGER NOT NULL, body TEXT NOT NULL, delivery TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, error TEXT, kind TEXT NOT NULL DEFAULT 'result')");
+       db.prepare("INSERT INTO assignments (reservation_id, doc, status) VALUES (4, ?, 'delivering')").run(${JSON.stringify(doc)});
+       db.prepare("INSERT INTO events VALUES (4, 1, 'phase', 'assigned', 1, NULL, 'acked', 2, NULL)").run();
+       db.prepare("INSERT INTO events VALUES (4, 2, 'phase', 'awaiting_receipt', 3, NULL, 'pending', NULL, NULL)").run();
+       db.prepare("INSERT INTO slots VALUES (0, ?)").run(JSON.stringify({ slot: 0, reservationId: 4, updatedAt: 5 }));
+       db.pragma("user_version = 3"); db.close()`
+    ], { cwd: join(__dirname, "..", "..", "..") })
+
+    const s = await LocalState.open(file)
+    try {
+      const [a] = await s.assignments()
+      expect(a).toMatchObject({ fleetId: LocalState.legacyFleet, reservationId: 4, status: "delivering", lastSeq: 2 })
+      expect((await s.journal(a)).map((e) => [e.seq, e.phase, e.delivery])).toEqual([[1, "assigned", "acked"], [2, "awaiting_receipt", "pending"]])
+      expect(await s.slots()).toEqual([{ slot: 0, fleetId: LocalState.legacyFleet, reservationId: 4, updatedAt: 5 }])
+    } finally {
+      await s.close()
+    }
+    // Registering with a fleet while the file knows no other: the legacy rows are that fleet's.
+    await Effect.runPromise(
+      Effect.provide(Effect.flatMap(LocalState.State, (st) => st.sawFleet("fleet-new", "http://127.0.0.1:1", 10)), LocalState.layer(file))
+    )
+    const again = await LocalState.open(file)
+    try {
+      const key = { fleetId: "fleet-new", reservationId: 4 }
+      expect(await again.assignment(key)).toMatchObject({ fleetId: "fleet-new", view: { fleetId: "fleet-new" } })
+      expect((await again.journal(key)).map((e) => e.seq)).toEqual([1, 2])
+      expect(await again.outboxReservations("fleet-new")).toEqual([key])
+      expect(await again.fleets()).toEqual([{ fleetId: "fleet-new", server: "http://127.0.0.1:1", lastSeenAt: 10, assignments: 1, open: 1, undelivered: 1 }])
+    } finally {
+      await again.close()
+    }
+    // A second fleet takes nothing over: its own reservation 4 is another assignment.
+    await Effect.runPromise(Effect.provide(Effect.flatMap(LocalState.State, (st) => st.sawFleet("fleet-other", "http://127.0.0.1:2", 20)), LocalState.layer(file)))
+    const third = await LocalState.open(file)
+    try {
+      expect(await third.assignment({ fleetId: "fleet-other", reservationId: 4 })).toBeNull()
+      expect((await third.fleets()).map((f) => f.fleetId)).toEqual(["fleet-other", "fleet-new"])
+    } finally {
+      await third.close()
     }
   })
 })
