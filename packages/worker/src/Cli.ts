@@ -127,7 +127,7 @@ export const main = async (argv: ReadonlyArray<string>, io: { readonly out: (s: 
           graceMs: int("grace-ms", 2000),
           pollMs: int("poll-ms", 1000)
         })
-        io.err(`scanfleet-worker: ${slots} slot(s) against ${values.server}, state in ${stateFile}\n`)
+        io.err(`scanfleet-worker: ${slots} slot(s) against ${values.server}, state in ${stateFile}, containment ${device.containment.level}\n`)
         await new Promise<void>((resolveStop) => {
           const onSignal = (sig: NodeJS.Signals) => {
             process.off("SIGINT", onSignal)

@@ -129,19 +129,16 @@ const lock = (file: string): Effect.Effect<void, StateInUse, Scope.Scope> => {
   const me = JSON.stringify({ pid: process.pid, startTime: ProcessTree.startTime(process.pid) })
   // Exclusive create: of two controllers starting at once, one wins.
   const create = Effect.tryPromise({ try: () => writeFile(file, me, { flag: "wx" }), catch: (e) => e as NodeJS.ErrnoException })
-  const holder = Effect.promise(async () => {
-    try {
-      let text = await readFile(file, "utf8")
-      // A lock being written this very moment reads empty; give its writer a moment.
-      if (text === "") text = await new Promise<void>((r) => setTimeout(r, 100)).then(() => readFile(file, "utf8"))
-      const held = JSON.parse(text) as { pid?: unknown; startTime?: unknown }
-      const pid = typeof held.pid === "number" && held.pid > 0 ? held.pid : 0
-      const now = pid > 0 ? ProcessTree.stat(pid) : null
-      return now !== null && now.state !== "Z" && (held.startTime === null || now.startTime === held.startTime) ? pid : 0
-    } catch {
-      // An unreadable lock names nobody.
-      return 0
-    }
+  const read = Effect.promise(() => readFile(file, "utf8").catch(() => ""))
+  // The live controller the lock names, or 0: a lock whose process is gone, or whose pid was reused, names nobody.
+  const holder = Effect.gen(function* () {
+    const first = yield* read
+    // A lock being written this very moment reads empty; give its writer a moment.
+    const text = first === "" ? yield* Effect.zipRight(Effect.sleep(Duration.millis(100)), read) : first
+    const held = yield* Effect.try(() => JSON.parse(text) as { pid?: unknown; startTime?: unknown }).pipe(Effect.orElseSucceed(() => ({}) as { pid?: unknown; startTime?: unknown }))
+    const pid = typeof held.pid === "number" && held.pid > 0 ? held.pid : 0
+    const now = pid > 0 ? ProcessTree.stat(pid) : null
+    return now !== null && now.state !== "Z" && (held.startTime === null || now.startTime === held.startTime) ? pid : 0
   })
   const inUse = (pid: number) =>
     new StateInUse({ file, pid, message: `the state file is in use by a running controller${pid > 0 ? ` (pid ${pid})` : ""}; stop it first` })
