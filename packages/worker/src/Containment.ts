@@ -68,6 +68,8 @@ export interface Plan {
   readonly unshareArgs: ReadonlyArray<string>
   /** The cgroup directory per-unit cgroups are made under (cgroup levels). */
   readonly cgroupDir: string | null
+  /** The cgroup directory of each cgroup level the device allows, so another level can be chosen without probing again. */
+  readonly cgroupDirs: { readonly "cgroup-v2": string | null; readonly "cgroup-v1-freezer": string | null }
   /** One line for humans: the level, what it guarantees, and how to get a stronger one. */
   readonly detail: string
 }
@@ -111,14 +113,14 @@ const ownCgroup = (controller: string | null): string | null => {
   return null
 }
 
-const sleepSync = (ms: number) => Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms)
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms))
 
-/** Waits (synchronously, bounded) until a condition holds. */
-const waitSync = (ms: number, ok: () => boolean): boolean => {
+/** Waits (bounded) until a condition holds; never blocks the event loop, which supervises other units meanwhile. */
+const waitFor = async (ms: number, ok: () => boolean, every = 5): Promise<boolean> => {
   const until = Date.now() + ms
   while (!ok()) {
     if (Date.now() >= until) return false
-    sleepSync(5)
+    await sleep(every)
   }
   return true
 }
@@ -153,7 +155,7 @@ const probePidNamespace = (): ReadonlyArray<string> | null => {
  * Proves a cgroup directory works for units: a real process is moved into a
  * probe cgroup under it and killed the way units are, then the probe is removed.
  */
-const probeCgroup = (dir: string, version: 2 | 1): boolean => {
+const probeCgroup = async (dir: string, version: 2 | 1): Promise<boolean> => {
   if (!existsSync(join(dir, ".."))) return false
   const probe = join(dir, `scanfleet-probe-${process.pid}-${randomUUID().slice(0, 8)}`)
   let child: ReturnType<typeof spawn> | null = null
@@ -166,8 +168,8 @@ const probeCgroup = (dir: string, version: 2 | 1): boolean => {
     writeFileSync(join(probe, "cgroup.procs"), String(child.pid))
     if (!pidsIn(probe).includes(child.pid)) return false
     if (version === 2) killCgroupV2(probe)
-    else killCgroupV1(probe, new Set())
-    return waitSync(2000, () => pidsIn(probe).length === 0)
+    else await killCgroupV1(probe, new Set())
+    return await waitFor(2000, () => pidsIn(probe).length === 0)
   } catch {
     return false
   } finally {
@@ -177,7 +179,7 @@ const probeCgroup = (dir: string, version: 2 | 1): boolean => {
       // gone, as it should be
     }
     child?.unref()
-    removeCgroup(probe)
+    await removeCgroup(probe)
   }
 }
 
@@ -222,41 +224,44 @@ export const detect = (opts: DetectOptions = {}): Effect.Effect<Plan, Containmen
     if (wanted !== null && !LevelSchema.safeParse(wanted).success)
       return yield* new ContainmentError({ reason: "unknown_level", level: wanted, message: `unknown containment level "${wanted}"; expected one of ${levels.join(", ")}` })
     const unshareArgs = yield* Effect.sync(probePidNamespace)
-    const v2 = yield* Effect.sync(() => {
+    const v2 = yield* Effect.promise(async () => {
       const dir = cgroupBase(2)
-      return dir !== null && probeCgroup(dir, 2) ? dir : null
+      return dir !== null && (await probeCgroup(dir, 2)) ? dir : null
     })
-    const v1 = yield* Effect.sync(() => {
+    const v1 = yield* Effect.promise(async () => {
       const dir = cgroupBase(1)
-      return dir !== null && probeCgroup(dir, 1) ? dir : null
+      return dir !== null && (await probeCgroup(dir, 1)) ? dir : null
     })
     const available: Array<Level> = []
     if (unshareArgs !== null) available.push("pid-namespace")
     if (v2 !== null) available.push("cgroup-v2")
     if (v1 !== null) available.push("cgroup-v1-freezer")
     available.push("freeze-kill")
-    const level = (wanted as Level | null) ?? available[0]
-    if (!available.includes(level))
-      return yield* new ContainmentError({
-        reason: "unavailable",
-        level,
-        message: `containment level ${level} is not available on this device (available: ${available.join(", ")})`
-      })
-    return {
-      level,
-      forced: wanted !== null,
+    const all: Plan = {
+      level: available[0],
+      forced: false,
       available,
       unshareArgs: unshareArgs ?? [],
-      cgroupDir: level === "cgroup-v2" ? v2 : level === "cgroup-v1-freezer" ? v1 : null,
-      detail: describe(level, available)
-    } satisfies Plan
+      cgroupDir: available[0] === "cgroup-v2" ? v2 : available[0] === "cgroup-v1-freezer" ? v1 : null,
+      cgroupDirs: { "cgroup-v2": v2, "cgroup-v1-freezer": v1 },
+      detail: describe(available[0], available)
+    }
+    return wanted === null ? all : yield* withLevel(all, wanted as Level)
   })
 
-/** The plan for one level, from a plan detected with all of them (tests and benchmarks run every level a device has). */
+/** The plan for one level, from a detected plan (tests and benchmarks run every level a device has); fails when the device does not allow it. */
 export const withLevel = (plan: Plan, level: Level): Effect.Effect<Plan, ContainmentError> =>
   plan.available.includes(level)
-    ? detect({ force: level, env: {} })
-    : Effect.fail(new ContainmentError({ reason: "unavailable", level, message: `containment level ${level} is not available on this device (available: ${plan.available.join(", ")})` }))
+    ? Effect.succeed({
+        ...plan,
+        level,
+        forced: true,
+        cgroupDir: level === "cgroup-v2" || level === "cgroup-v1-freezer" ? plan.cgroupDirs[level] : null,
+        detail: describe(level, plan.available)
+      })
+    : Effect.fail(
+        new ContainmentError({ reason: "unavailable", level, message: `containment level ${level} is not available on this device (available: ${plan.available.join(", ")})` })
+      )
 
 // ---------------------------------------------------------------------------
 // Killing, per level. The same functions serve the controller (deadline,
@@ -281,17 +286,17 @@ const killCgroupV2 = (dir: string): void => {
 }
 
 /** cgroup v1 freezer: freeze (no member can fork any more), kill every member, thaw so the kills land. */
-const killCgroupV1 = (dir: string, spare: ReadonlySet<number>): void => {
+const killCgroupV1 = async (dir: string, spare: ReadonlySet<number>): Promise<void> => {
   const state = join(dir, "freezer.state")
   try {
     if (spare.size === 0) {
       writeFileSync(state, "FROZEN")
-      waitSync(1000, () => readText(state).trim() === "FROZEN")
+      await waitFor(1000, () => readText(state).trim() === "FROZEN")
       for (const pid of pidsIn(dir)) signal(pid, "SIGKILL")
       writeFileSync(state, "THAWED")
     } else {
       // The unit cannot freeze its own cgroup and go on: it kills the others until none is left.
-      waitSync(1000, () => {
+      await waitFor(1000, () => {
         const others = pidsIn(dir).filter((p) => !spare.has(p))
         for (const pid of others) signal(pid, "SIGKILL")
         return others.length === 0
@@ -303,8 +308,8 @@ const killCgroupV1 = (dir: string, spare: ReadonlySet<number>): void => {
 }
 
 /** Removes a cgroup once it is empty (bounded wait); a cgroup that stays busy is left for the next start. */
-const removeCgroup = (dir: string): void => {
-  waitSync(1000, () => {
+const removeCgroup = async (dir: string): Promise<void> => {
+  await waitFor(1000, () => {
     try {
       rmdirSync(dir)
       return true
@@ -325,9 +330,11 @@ const environHas = (pid: number, entry: string): boolean => {
 /**
  * The fallback's view of a unit: every live process in the unit's session or
  * group, a descendant of the unit, or carrying its tag in its environment.
+ * Only processes started no earlier than the unit can be any of these, so
+ * only theirs are read (environments are the expensive part).
  */
-const tagged = (unitPid: number, tag: string): ReadonlyArray<number> => {
-  const procs = ProcessTree.all().filter((p) => p.state !== "Z" && p.state !== "X")
+const tagged = (unitPid: number, tag: string, since: number): ReadonlyArray<number> => {
+  const procs = ProcessTree.all().filter((p) => p.state !== "Z" && p.state !== "X" && (p.pid === unitPid || Number(p.startTime) >= since))
   const found = new Set<number>()
   const children = new Map<number, Array<number>>()
   for (const p of procs) {
@@ -343,18 +350,21 @@ const tagged = (unitPid: number, tag: string): ReadonlyArray<number> => {
   return [...found]
 }
 
+/** A process's start time in clock ticks since boot (0 when unknown, which makes every process a candidate). */
+const startTicks = (pid: number): number => Number(ProcessTree.stat(pid)?.startTime ?? 0) || 0
+
 /**
  * Freeze-then-kill: SIGSTOP every member found, look again until a look finds
  * no new one (a stopped process cannot fork), then SIGKILL them all.
  */
-const freezeKill = (find: () => ReadonlyArray<number>, spare: ReadonlySet<number>): void => {
+const freezeKill = async (find: () => ReadonlyArray<number>, spare: ReadonlySet<number>): Promise<void> => {
   const stopped = new Set<number>()
   for (let round = 0; round < 200; round++) {
     const fresh = find().filter((p) => !spare.has(p) && !stopped.has(p))
     if (fresh.length === 0) break
     for (const pid of fresh) if (signal(pid, "SIGSTOP")) stopped.add(pid)
     // A fork in flight when SIGSTOP landed shows up in the next look.
-    waitSync(50, () => fresh.every((p) => { const s = ProcessTree.stat(p)?.state; return s === undefined || s === "T" || s === "Z" || s === "X" }))
+    await waitFor(50, () => fresh.every((p) => { const s = ProcessTree.stat(p)?.state; return s === undefined || s === "T" || s === "Z" || s === "X" }))
   }
   for (const pid of stopped) signal(pid, "SIGKILL")
   for (const pid of find()) if (!spare.has(pid)) signal(pid, "SIGKILL")
@@ -412,7 +422,7 @@ export interface Seal {
   /** Kills every member with the level's means, then waits (bounded) until none is alive; returns the survivors. */
   readonly kill: (waitMs: number) => Promise<ReadonlyArray<number>>
   /** Removes the unit's cgroup (after `kill`). */
-  readonly release: () => void
+  readonly release: () => Promise<void>
 }
 
 /** Makes the box for one unit under a plan. */
@@ -421,6 +431,7 @@ export const seal = (plan: Plan): Seal => {
   const level = plan.level
   const cgroup = plan.cgroupDir === null ? null : join(plan.cgroupDir, `u${process.pid}-${tag.slice(0, 8)}`)
   let unitPid = 0
+  let unitStart = 0
   let launcherPid = 0
   let ns: string | null = null
 
@@ -434,7 +445,7 @@ export const seal = (plan: Plan): Seal => {
       case "cgroup-v1-freezer":
         return [...launcher, ...pidsIn(cgroup!).filter((p) => ProcessTree.isAlive(p))]
       case "freeze-kill":
-        return tagged(unitPid, tag)
+        return tagged(unitPid, tag, unitStart)
     }
   }
 
@@ -453,6 +464,7 @@ export const seal = (plan: Plan): Seal => {
     unitPid: () => unitPid,
     attach: (u) => {
       unitPid = u.unitPid
+      unitStart = startTicks(u.unitPid)
       launcherPid = u.launcherPid
       if (level === "pid-namespace") ns = pidNamespace(u.unitPid)
       if (cgroup !== null) {
@@ -473,17 +485,17 @@ export const seal = (plan: Plan): Seal => {
       } else
         switch (level) {
           case "pid-namespace":
-            // The namespace's pid 1 dies, and the kernel kills everything else in it.
-            signal(unitPid, "SIGKILL")
+            // The namespace's pid 1 dies, and the kernel kills everything else in it (a pid that is no longer the unit is left alone).
+            if (startTicks(unitPid) === unitStart) signal(unitPid, "SIGKILL")
             break
           case "cgroup-v2":
             killCgroupV2(cgroup!)
             break
           case "cgroup-v1-freezer":
-            killCgroupV1(cgroup!, new Set())
+            await killCgroupV1(cgroup!, new Set())
             break
           case "freeze-kill":
-            freezeKill(() => tagged(unitPid, tag), new Set([process.pid]))
+            await freezeKill(() => tagged(unitPid, tag, unitStart), new Set([process.pid]))
             break
         }
       if (launcherPid !== 0) signal(launcherPid, "SIGKILL")
@@ -497,8 +509,8 @@ export const seal = (plan: Plan): Seal => {
       }
       return left
     },
-    release: () => {
-      if (cgroup !== null) removeCgroup(cgroup)
+    release: async () => {
+      if (cgroup !== null) await removeCgroup(cgroup)
     }
   }
 }
@@ -507,14 +519,14 @@ export const seal = (plan: Plan): Seal => {
  * Called by the unit when its controller is gone: empties the unit's box
  * (the unit itself included), so a crashed controller leaves nothing behind.
  */
-export const killFromInside = (env: Record<string, string | undefined> = process.env): void => {
+export const killFromInside = async (env: Record<string, string | undefined> = process.env): Promise<never> => {
   const level = LevelSchema.safeParse(env[unitEnv.level])
   const cgroup = env[unitEnv.cgroup]
   const tag = env[unitEnv.tag]
   const self = new Set([process.pid])
   if (level.success && level.data === "cgroup-v2" && cgroup) killCgroupV2(cgroup)
-  else if (level.success && level.data === "cgroup-v1-freezer" && cgroup) killCgroupV1(cgroup, self)
-  else if (level.success && level.data === "freeze-kill" && tag) freezeKill(() => tagged(process.pid, tag), self)
+  else if (level.success && level.data === "cgroup-v1-freezer" && cgroup) await killCgroupV1(cgroup, self)
+  else if (level.success && level.data === "freeze-kill" && tag) await freezeKill(() => tagged(process.pid, tag, startTicks(process.pid)), self)
   // In a PID namespace the unit is pid 1: its exit takes the namespace down.
   process.exit(1)
 }

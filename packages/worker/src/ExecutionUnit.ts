@@ -84,9 +84,9 @@ export interface Options {
 /** The packaged execution-unit script. */
 export const defaultChildPath = (): string => entry("unit")
 
-let detected: Containment.Plan | null = null
+let detected: Promise<Containment.Plan> | null = null
 /** The containment a unit runs under when none is given: detected once per process (honouring `SCANFLEET_CONTAINMENT`). */
-export const defaultContainment = (): Containment.Plan => (detected ??= Effect.runSync(Containment.detect()))
+export const defaultContainment = (): Promise<Containment.Plan> => (detected ??= Effect.runPromise(Containment.detect()))
 
 const LOG_TAIL = 60_000
 /** How long the controller waits for the box to empty after the kill before it names survivors. */
@@ -95,9 +95,9 @@ const KILL_WAIT_MS = 1000
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms))
 
 /** Runs one unit under its deadline and resolves when it has ended and its box is empty. */
-export const run = (opts: Options): Promise<End> =>
-  new Promise<End>((resolve) => {
-    const plan = opts.containment ?? defaultContainment()
+export const run = async (opts: Options): Promise<End> => {
+  const plan = opts.containment ?? (await defaultContainment())
+  return new Promise<End>((resolve) => {
     const level = plan.level
     const box = Containment.seal(plan)
     const launch = box.launch(process.execPath, opts.childPath ?? defaultChildPath())
@@ -177,7 +177,7 @@ export const run = (opts: Options): Promise<End> =>
         const before = box.members().length
         const survivors = await box.kill(KILL_WAIT_MS)
         if (before > 0) signals.push("SIGKILL")
-        box.release()
+        await box.release()
         return { kind, phase: at, level, signals, survivors, scannerStarted, log: moduleLog }
       })
 
@@ -187,7 +187,7 @@ export const run = (opts: Options): Promise<End> =>
         await Promise.race([exit, sleep(500)])
         const leftovers = scannerSide().length
         await box.kill(KILL_WAIT_MS)
-        box.release()
+        await box.release()
         await chain
         if (journalError !== null) return { kind: "failed", phase, level, message: `the phase journal could not be written: ${journalError}` }
         if (staged) {
@@ -220,7 +220,7 @@ export const run = (opts: Options): Promise<End> =>
           if (!ok) {
             void finish(async () => {
               await box.kill(KILL_WAIT_MS)
-              box.release()
+              await box.release()
               return { kind: "failed", phase, level, message: `the execution unit reported pid ${msg.hostPid}, which is not the process started` }
             })
             return
@@ -230,7 +230,7 @@ export const run = (opts: Options): Promise<End> =>
           } catch (e) {
             void finish(async () => {
               await box.kill(KILL_WAIT_MS)
-              box.release()
+              await box.release()
               return { kind: "failed", phase, level, message: `could not contain the execution unit (${level}): ${(e as Error).message}` }
             })
             return
@@ -294,11 +294,12 @@ export const run = (opts: Options): Promise<End> =>
       (e) =>
         void finish(async () => {
           await box.kill(KILL_WAIT_MS)
-          box.release()
+          await box.release()
           return { kind: "failed", phase, level, message: `could not persist the runner: ${(e as Error).message}` }
         })
     )
   })
+}
 
 /**
  * The same as an Effect: interrupting it ends the unit as a device stop

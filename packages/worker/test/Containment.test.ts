@@ -1,9 +1,11 @@
 import { Effect } from "effect"
-import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs"
+import { spawn } from "node:child_process"
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { Containment, ExecutionUnit, Permits, ProcessTree, Scanner } from "@scanfleet/worker"
+import { Containment, ExecutionUnit, Permits, ProcessTree, Scanner, Supervisor } from "@scanfleet/worker"
+import * as Fleet from "./support/Fleet.js"
 import { useNoOrphans } from "./support/NoOrphans.js"
 import * as Unit from "./support/Unit.js"
 
@@ -20,7 +22,7 @@ const dir = mkdtempSync(join(tmpdir(), "scanfleet-contain-"))
 afterAll(() => rmSync(dir, { recursive: true, force: true }))
 beforeAll(() => Unit.build(), 120_000)
 
-const plan = Effect.runSync(Containment.detect())
+const plan = await Effect.runPromise(Containment.detect())
 // CI runs as root, where every level is there: none may quietly go missing.
 if (process.getuid?.() === 0 && process.platform === "linux") expect(plan.available).toEqual([...Containment.levels])
 
@@ -190,15 +192,89 @@ describe.each(plan.available)("containment %s", (level) => {
   })
 })
 
+describe.each(plan.available)("a device sealing its units with %s", (level) => {
+  it("a restart-on-SIGTERM scanner through a real server: every process of the stage dies within grace + 1 s, the server gets killed_at_deadline in scanning, and the slot claims the next target", async () => {
+    const fleet = await Fleet.start({ scanSeconds: 5, slots: 1 })
+    const events: Array<Supervisor.DeviceEvent> = []
+    const workRoot = mkdtempSync(join(dir, `device-${level}-`))
+    let device: Supervisor.Device | null = null
+    let watch: ReturnType<typeof setInterval> | undefined
+    try {
+      await fleet.seed([`acme/restart-a-${level}`, `acme/restart-b-${level}`])
+      device = await Supervisor.start({
+        server: fleet.url,
+        token: fleet.token,
+        slots: 1,
+        scanner: Scanner.command({ name: "restart", command: process.execPath, args: [Unit.adversary("restart-on-term"), "{workDir}.pids"], exitCodes: { "0": "clean" } }),
+        state: join(workRoot, "worker.db"),
+        workRoot,
+        containment: level,
+        childPath: Unit.unitPath,
+        pollMs: 50,
+        onEvent: (e) => void events.push(e)
+      })
+      expect(device.containment.level).toBe(level)
+      // Watches every stage's pid file: when did the last recorded process of each die?
+      const goneAt = new Map<string, number>()
+      watch = setInterval(() => {
+        for (const f of readdirSync(workRoot).filter((f) => f.endsWith(".pids"))) {
+          const pids = recorded(join(workRoot, f))
+          if (pids.length > 0 && alive(pids).length === 0) {
+            if (!goneAt.has(f)) goneAt.set(f, Date.now())
+          } else goneAt.delete(f)
+        }
+      }, 10)
+      const freedAt = async () => {
+        for (;;) {
+          const e = events.find((e): e is Extract<Supervisor.DeviceEvent, { type: "slot_freed" }> => e.type === "slot_freed")
+          if (e) return e
+          await new Promise((r) => setTimeout(r, 20))
+        }
+      }
+      const freed = await freedAt()
+      expect(freed.end).toBe("deadline")
+      // The moment the slot is free, every process the first stage started is already dead.
+      const pidFile = readdirSync(workRoot).find((f) => f.startsWith(`scanfleet-r${freed.reservationId}-`) && f.endsWith(".pids"))!
+      const pids = recorded(join(workRoot, pidFile))
+      expect(pids.length).toBeGreaterThan(1)
+      expect(alive(pids)).toEqual([])
+      clearInterval(watch)
+      expect(goneAt.get(pidFile)! - freed.scanDeadline).toBeLessThan(2000 + 1000)
+      expect(await until(() => events.some((e) => e.type === "claimed" && e.reservationId !== freed.reservationId), Date.now() + 15_000), "the slot claimed the next target").toBe(true)
+      expect(await until(() => events.some((e) => e.type === "delivered" && e.reservationId === freed.reservationId), Date.now() + 15_000)).toBe(true)
+      const a = await fleet.assignment(freed.reservationId)
+      expect(a).toMatchObject({ outcome: "killed_at_deadline", finalPhase: "scanning" })
+    } finally {
+      clearInterval(watch)
+      await device?.stop()
+      await fleet.close()
+    }
+  })
+})
+
 /** VmHWM (peak resident set) of a process, KiB, from /proc. */
 const peakKiB = (pid: number): number => Number(/VmHWM:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0)
 
 describe("bounded memory", () => {
-  it.each(["json", "text", "oneline"])("a 200 MB stdout flood (%s) keeps this controller under 200 MiB and the unit under 256 MiB; the result says what was cut", async (mode) => {
+  it.each(["json", "text", "oneline"])("a 200 MB stdout flood (%s) keeps the controller under 200 MiB and the unit under 256 MiB; the result says what was cut", async (mode) => {
     const pids = join(dir, `flood-${mode}.pids`)
-    const before = peakKiB(process.pid)
-    const u = supervise(plan.level, node("flood"), { deadlineMs: 60_000, args: [Unit.adversary("flood"), pids, mode, String(200 * 1024 * 1024)] })
-    const end = await u.end
+    const work = mkdtempSync(join(dir, `flood-${mode}-`))
+    // A controller process of its own, so its peak is the flood's and nothing else's.
+    const controller = spawn(process.execPath, [Unit.adversary("flood-controller"), Unit.unitPath, work, Unit.adversary("flood"), pids, mode, String(200 * 1024 * 1024)], {
+      stdio: ["pipe", "pipe", "inherit"]
+    })
+    const line = await new Promise<string>((resolve, reject) => {
+      let out = ""
+      controller.stdout.on("data", (d: Buffer) => {
+        out += d.toString("utf8")
+        if (out.includes("\n")) resolve(out.slice(0, out.indexOf("\n")))
+      })
+      controller.once("exit", (code) => reject(new Error(`the controller exited with ${code}`)))
+    })
+    const controllerMiB = peakKiB(controller.pid!) / 1024
+    controller.stdin.end()
+    await new Promise((r) => controller.once("exit", r))
+    const end = JSON.parse(line) as ExecutionUnit.End
     expect(end.kind).toBe("staged")
     if (end.kind !== "staged") return
     const cut = end.staged.cut!
@@ -214,10 +290,8 @@ describe("bounded memory", () => {
     } else expect(cut.longLines).toBe(1)
     expect(Buffer.byteLength(JSON.stringify(end.staged))).toBeLessThan(1_048_576)
     const unitMiB = (end.unitPeakRssKiB ?? Number.POSITIVE_INFINITY) / 1024
-    const controllerMiB = peakKiB(process.pid) / 1024
-    console.log(`flood ${mode}: unit peak ${unitMiB.toFixed(0)} MiB, controller peak ${controllerMiB.toFixed(0)} MiB (before ${(before / 1024).toFixed(0)} MiB)`)
+    console.log(`flood ${mode}: unit peak ${unitMiB.toFixed(0)} MiB, controller peak ${controllerMiB.toFixed(0)} MiB (VmHWM)`)
     expect(unitMiB).toBeLessThan(256)
-    // This test process is the controller: its peak over the whole file, the flood included.
     expect(controllerMiB).toBeLessThan(200)
     expect(alive(recorded(pids))).toEqual([])
   })

@@ -55,14 +55,14 @@ const recorded = (file: string): Array<number> => (existsSync(file) ? readFileSy
 
 describe("the scan-stage watchdog", () => {
   it("runs under the strongest containment the device allows, or the one SCANFLEET_CONTAINMENT forces", async () => {
-    const plan = Effect.runSync(Containment.detect())
+    const plan = await Effect.runPromise(Containment.detect())
     expect(plan.level).toBe(plan.available[0])
-    expect(Effect.runSync(Containment.detect({ env: { SCANFLEET_CONTAINMENT: "freeze-kill" } })).level).toBe("freeze-kill")
-    const bad = Effect.runSync(Effect.flip(Containment.detect({ force: "chroot" })))
+    expect((await Effect.runPromise(Containment.detect({ env: { SCANFLEET_CONTAINMENT: "freeze-kill" } }))).level).toBe("freeze-kill")
+    const bad = await Effect.runPromise(Effect.flip(Containment.detect({ force: "chroot" })))
     expect(bad).toMatchObject({ _tag: "ContainmentError", reason: "unknown_level", level: "chroot" })
     const u = supervise(command("exit"), { deadlineMs: 20_000, args: [Unit.adversary("exit-code"), "0"] })
     const end = await u.end
-    expect(end.level).toBe(ExecutionUnit.defaultContainment().level)
+    expect(end.level).toBe((await ExecutionUnit.defaultContainment()).level)
   })
 
   it("goes straight to SIGKILL for a scanner that restarts on SIGTERM when its stop says so", async () => {

@@ -35,7 +35,7 @@ const enter = (phase: ScanPhase) => {
 }
 
 // The controller is gone (crashed or killed): the unit empties its box, itself included, rather than leave orphans.
-process.on("disconnect", () => Containment.killFromInside())
+process.on("disconnect", () => void Containment.killFromInside())
 
 let permitGranted!: () => void
 const permit = new Promise<void>((resolve) => (permitGranted = resolve))
