@@ -3,7 +3,7 @@ import { Cause, Clock, Context, Data, Deferred, Duration, Effect, Exit, FiberSet
 import { existsSync } from "node:fs"
 import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
-import { join } from "node:path"
+import { basename, join } from "node:path"
 import type { z } from "zod"
 import * as Client from "./Client.js"
 import * as Containment from "./Containment.js"
@@ -302,6 +302,15 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
         yield* outbox.notify
       })
 
+    // The timeline names what the unit starts once it is prepared: a runner module (the unit calls it right after preparing) or a command.
+    const starting =
+      spec.kind === "module"
+        ? `starting the runner ${spec.name} (${spec.exportName} of ${basename(spec.module)})`
+        : `starting the scanner ${spec.name} (${basename(spec.command)}${spec.acquire ? `, after ${basename(spec.acquire.command)}` : ""})`
+    // A runner module starts as soon as its unit is prepared; a command when the unit says it spawned it.
+    const scannerStarted = (end: { readonly phase: PhaseModel.Phase; readonly scannerStarted: boolean }) =>
+      end.scannerStarted || (spec.kind === "module" && end.phase !== "assigned" && end.phase !== "permit_wait")
+
     const classified = (staged: Scanner.Staged) => {
       const outcome = Scanner.classify(spec, staged)
       return outcome === "killed_at_deadline" ? "scan_error" : outcome
@@ -375,7 +384,8 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
             signal: stopUnits.signal,
             ...(opts.childPath !== undefined ? { childPath: opts.childPath } : {}),
             onSpawn: (runner) => runPromise(Effect.flatMap(mustGet(k), (a) => state.putAssignment({ ...a, runner }))),
-            onPhase: (phase, at) => runPromise(Effect.zipRight(state.append(k, { kind: "phase", phase, at }), outbox.notify))
+            onPhase: (phase, at) =>
+              runPromise(Effect.zipRight(state.append(k, { kind: "phase", phase, at, ...(phase === "preparing" ? { detail: starting } : {}) }), outbox.notify))
           })
         )
         // The unit and everything it started are gone and its permit is back:
@@ -395,7 +405,7 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
               end.phase,
               `the target-scan deadline (${clockIso(deadlines.scan)} on this device's clock) fired during ${end.phase}; ` +
                 `sent ${end.signals.join(", ") || "nothing (the unit had already ended)"} to the unit (containment ${end.level})` +
-                (end.scannerStarted ? "" : "; the scanner never started") +
+                (scannerStarted(end) ? "" : "; the scanner never started") +
                 (end.survivors.length > 0 ? `; survivors: ${end.survivors.join(", ")}` : "") +
                 (end.log ? `\n${end.log}` : "")
             )

@@ -150,6 +150,19 @@ describe("worker device against the scanfleet server", () => {
     // The slot takes the next assignment long before the first one's assignment expiry.
     const next = await until("the next claim", () => t.events.find((e) => e.type === "claimed" && e.reservationId !== freed.reservationId))
     expect(next.type === "claimed" && next.at).toBeLessThan(a.expiresAt - 30_000)
+    // The runner module is first-class in the timeline: its start is named, and the timeout knows it ran.
+    const remote = await t.fleet.timeline(freed.reservationId)
+    expect(remote.find((e) => e.phase === "preparing")?.detail).toBe("starting the runner blocking (default of blocking-runner.mjs)")
+    expect(remote.at(-1)).toMatchObject({ phase: "timed_out" })
+    expect(remote.at(-1)?.detail).not.toContain("never started")
+    // Its ctx.log lines survive the kill: they are in the timeout result.
+    const local = await LocalState.open(t.state)
+    try {
+      const r = await local.result(freed.reservationId)
+      expect(r?.kind === "result" && r.body.log).toContain(`cleanup of blocks-1 is stuck`)
+    } finally {
+      await local.close()
+    }
   })
 
   it("Permit acquisition consumes the budget", async () => {
