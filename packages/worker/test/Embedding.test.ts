@@ -34,7 +34,7 @@ beforeAll(async () => {
 describe("embedding the worker as an Effect program", () => {
   it("packages/worker/README.md: Supervisor.layer under NodeRuntime.runMain reports findings, and SIGTERM ends it cleanly with its state closed", async () => {
     expect(program).toContain("Supervisor.layer(")
-    const fleet = await Fleet.start({ scanSeconds: 20 })
+    const fleet = await Fleet.start({ scanSeconds: 40 })
     try {
       await fleet.seed(["acme/leak-7"])
       const p = execa(process.execPath, [`${scratch}device-effect.js`], {
@@ -43,18 +43,19 @@ describe("embedding the worker as an Effect program", () => {
         all: true,
         env: { ...process.env, SCANFLEET_TOKEN: fleet.token, SCANFLEET_DOCS_SERVER: fleet.url }
       })
+      let found: Awaited<ReturnType<typeof fleet.assignment>> | null = null
       try {
-        const end = Date.now() + 20_000
-        let a = await fleet.assignment(1).catch(() => null)
-        while ((a === null || a.outcome === null) && Date.now() < end) {
+        // A loaded machine starts a bundled program, detects its containment and seals a unit slowly.
+        const end = Date.now() + 45_000
+        while ((found === null || found.outcome === null) && Date.now() < end) {
           await new Promise((r) => setTimeout(r, 100))
-          a = await fleet.assignment(1).catch(() => null)
+          found = await fleet.assignment(1).catch(() => null)
         }
-        expect(a?.outcome).toBe("findings")
       } finally {
         p.kill("SIGTERM")
       }
       const exit = await p
+      expect(found?.outcome, exit.all).toBe("findings")
       expect(exit.exitCode, exit.all).toBe(0)
       // The scope closed: the lock file is gone and the journal says what the runner logged.
       expect(existsSync(`${scratch}worker.db.lock`)).toBe(false)
