@@ -169,6 +169,7 @@ export const operationsConformance = (name: string, make: MakeOperations, capabi
           expect(t).toMatchObject({ status: "pending", attempts: 0, fence: a.fence + 1, redrive: Retry.initialState })
           expect(yield* s.getTarget("github", "o/r")).toMatchObject({ status: "pending", fence: a.fence + 1, attempts: 0 })
           expect(yield* failure(o.requeue("github", "missing", who(T0)))).toMatchObject({ _tag: "NotFound" })
+          expect(yield* o.schemaVersion()).toSatisfy((v: number | null) => v === null || v >= 8)
           const [e] = yield* o.listAudit({ limit: 10 })
           expect(e).toMatchObject({ at: T0 + 2 * MIN, who: "admin", action: "requeue", subject: "github:o/r", why: "scanner fixed" })
           expect(JSON.parse(e.detail)).toEqual({ from: "failed" })
@@ -205,6 +206,7 @@ export const operationsConformance = (name: string, make: MakeOperations, capabi
           yield* s.appendProgress(auth(b, T0 + 3 * MIN), [{ seq: 1, kind: "phase", phase: "assigned", at: T0 + 3 * MIN }])
           const f = yield* o.setDeviceSources(d2.id, ["gitlab"], who(T0))
           expect(f.sources).toEqual(["gitlab"])
+          expect(yield* o.deviceFilters()).toEqual([{ deviceId: d2.id, sources: ["gitlab"] }])
           const list = yield* o.listDevices()
           expect(list.map((d) => [d.id, d.name, d.slots, d.sources, d.lastContactAt, d.active.map((x) => x.reservationId)])).toEqual([
             [d1.id, "one", 2, null, T0 + 3 * MIN, [a.reservationId, b.reservationId]],
@@ -220,6 +222,7 @@ export const operationsConformance = (name: string, make: MakeOperations, capabi
           expect(yield* failure(s.claim({ deviceId: d1.id, slot: 0, now: T0 + 5 * MIN, config }))).toMatchObject({ reason: "unknown_device" })
           expect((yield* o.listDevices())[0].revokedAt).toBe(T0 + 4 * MIN)
           expect((yield* o.setDeviceSources(d2.id, null, who(T0))).sources).toBeNull()
+          expect(yield* o.deviceFilters()).toEqual([])
           expect(yield* failure(o.revokeDevice(999, who(T0)))).toMatchObject({ _tag: "NotFound", entity: "device" })
           expect(yield* failure(o.setDeviceSources(999, null, who(T0)))).toMatchObject({ _tag: "NotFound", entity: "device" })
           expect((yield* o.listAudit({ limit: 10 })).map((e) => [e.action, e.subject])).toEqual([

@@ -282,6 +282,13 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
         })
       ),
 
+    deviceFilters: () =>
+      mapped(
+        Effect.map(sql<Row>`SELECT device_id, sources FROM device_sources ORDER BY device_id`, (rows) =>
+          rows.map((r) => ({ deviceId: Number(r.device_id), sources: JSON.parse(String(r.sources)) as Array<Source.Source> }))
+        )
+      ),
+
     listDevices: () => mapped(devices(sql`1 = 1`)),
 
     revokeDevice: (deviceId, actor) =>
@@ -331,6 +338,8 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
           (rows) => (rows.length === 0 ? null : { name, holder, token: Number(rows[0].token), expiresAt: Number(rows[0].expires_at) })
         )
       ),
+
+    schemaVersion: () => mapped(Effect.map(sql<Row>`SELECT max(migration_id) AS v FROM scanfleet_migrations`, ([r]) => numOrNull(r?.v))),
 
     releaseLease: (name, holder, token) =>
       mapped(Effect.asVoid(sql`UPDATE leases SET expires_at = 0 WHERE name = ${name} AND holder = ${holder} AND token = ${token}`))

@@ -170,6 +170,14 @@ export const make = (store: StoreShape): Operations.OperationsShape => {
         return Effect.succeed(deviceDetail(deviceId))
       }),
 
+    deviceFilters: () =>
+      Effect.sync(() =>
+        [...deviceSources.entries()]
+          .filter((e): e is [number, ReadonlyArray<Source>] => e[1] !== null)
+          .sort((a, b) => a[0] - b[0])
+          .map(([deviceId, sources]) => ({ deviceId, sources }))
+      ),
+
     listDevices: () => Effect.sync(() => [...st.devices.keys()].sort((a, b) => a - b).map(deviceDetail)),
 
     revokeDevice: (deviceId, actor) =>
@@ -205,6 +213,8 @@ export const make = (store: StoreShape): Operations.OperationsShape => {
         leases.set(name, next)
         return next
       }),
+
+    schemaVersion: () => Effect.succeed(null),
 
     releaseLease: (name, holder, token) =>
       Effect.sync(() => {

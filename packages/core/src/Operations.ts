@@ -152,6 +152,8 @@ export class Operations extends Context.Tag("@scanfleet/core/Operations")<
     readonly sourceControls: () => Effect.Effect<ReadonlyArray<SourceControl>, StoreError>
     /** Restricts the sources a device may claim (null: all). */
     readonly setDeviceSources: (deviceId: number, only: ReadonlyArray<Source> | null, actor: Actor) => Effect.Effect<DeviceDetail, NotFound | StoreError>
+    /** The claim filters of every device that has one, lowest id first (cheap: claims consult it through a cache). */
+    readonly deviceFilters: () => Effect.Effect<ReadonlyArray<{ readonly deviceId: number; readonly sources: ReadonlyArray<Source> }>, StoreError>
     /** Every device, lowest id first, with its active reservations. */
     readonly listDevices: () => Effect.Effect<ReadonlyArray<DeviceDetail>, StoreError>
     /** Revokes a device and ends its active reservations at once (fenced), their targets back to pending. */
@@ -167,6 +169,8 @@ export class Operations extends Context.Tag("@scanfleet/core/Operations")<
      * expired or already the holder's (the token stays while the holder renews); null when another holds it.
      */
     readonly acquireLease: (name: string, holder: string, ttlMs: number, now: number) => Effect.Effect<Lease | null, StoreError>
+    /** The newest schema migration applied (null for a store without migrations, such as the memory model); it also proves the database answers. */
+    readonly schemaVersion: () => Effect.Effect<number | null, StoreError>
     /** Gives a lease back, if `holder` still holds it with `token`. */
     readonly releaseLease: (name: string, holder: string, token: number) => Effect.Effect<void, StoreError>
   }

@@ -1,4 +1,5 @@
 /** @scanfleet/core: the pure rules of a scanning fleet and its storage port. */
+export * as AdminApi from "./AdminApi.js"
 export * as Assignment from "./Assignment.js"
 export * as Claim from "./Claim.js"
 export * as Config from "./Config.js"
