@@ -270,8 +270,47 @@ export const operationsConformance = (name: string, make: MakeOperations, capabi
         }))
     })
 
+    const eligible = (s: S, n: number) =>
+      Effect.gen(function* () {
+        const d = yield* s.addDevice({ name: "d", slots: n, tokenHash: "h", now: T0 })
+        yield* s.recordObservations(Array.from({ length: n }, (_, i) => obs("github", `p${i}`, T0 - DAY)), T0)
+        const as = yield* s.claimMany({ deviceId: d.id, slots: Array.from({ length: n }, (_, i) => i), now: T0, config })
+        yield* Effect.forEach(as, (a) => finish(s, a, T0 + MIN))
+        yield* s.recordObservations(Array.from({ length: n }, (_, i) => obs("github", `p${i}`, T0)), T0 + HOUR)
+      })
+
+    test("a promotion under a lease runs only while the lease is held with its token", (s, o) =>
+      Effect.gen(function* () {
+        yield* eligible(s, 4)
+        const now = T0 + 2 * DAY
+        const a = (yield* o.acquireLease("discovery:github", "a", 1000, now))!
+        expect((yield* o.promoteUnderLease(a, "github", { budget: 1, cooldownMs: DAY }, now))!.promoted).toHaveLength(1)
+        const b = (yield* o.acquireLease("discovery:github", "b", 1000, now + 1000))!
+        expect(yield* o.promoteUnderLease(a, "github", { budget: 1, cooldownMs: DAY }, now + 1000)).toBeNull()
+        expect(yield* o.promoteUnderLease({ ...b, token: b.token + 1 }, "github", { budget: 1, cooldownMs: DAY }, now + 1000)).toBeNull()
+        expect(yield* o.promoteUnderLease(b, "github", { budget: 1, cooldownMs: DAY }, now + 2000)).toBeNull()
+        const b2 = (yield* o.acquireLease("discovery:github", "b", 1000, now + 1500))!
+        expect((yield* o.promoteUnderLease(b2, "github", { budget: 5, cooldownMs: DAY }, now + 1500))!.promoted).toHaveLength(3)
+        expect(yield* o.promoteUnderLease(b2, "dockerhub", { budget: 5, cooldownMs: DAY }, now + 1500)).toEqual({ promoted: [], deferred: 0 })
+      }))
+
     if (capabilities.concurrency)
       describe("real concurrency", () => {
+        test("instances racing for the lease and promoting under it spend one budget between them", (s, o) =>
+          Effect.gen(function* () {
+            yield* eligible(s, 10)
+            const now = T0 + 2 * DAY
+            const results = yield* Effect.all(
+              Array.from({ length: 6 }, (_, i) =>
+                Effect.flatMap(o.acquireLease("discovery:github", `i${i}`, 60_000, now), (l) =>
+                  l === null ? Effect.succeed(0) : Effect.map(o.promoteUnderLease(l, "github", { budget: 3, cooldownMs: DAY }, now), (r) => r?.promoted.length ?? 0)
+                )
+              ),
+              { concurrency: "unbounded" }
+            )
+            expect(results.reduce((a, b) => a + b, 0)).toBe(3)
+          }))
+
         test("racing holders: exactly one takes a free lease", (_s, o) =>
           Effect.gen(function* () {
             const got = yield* Effect.all(

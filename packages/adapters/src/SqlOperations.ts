@@ -3,6 +3,7 @@ import { Effect, Layer, Schedule } from "effect"
 import { type Assignment, Errors, Operations, Retry, Source } from "@scanfleet/core"
 import * as Codec from "./internal/Codec.js"
 import { mapped } from "./internal/SqlErrors.js"
+import * as Promote from "./internal/queries/promote.js"
 
 type Row = { readonly [column: string]: unknown }
 
@@ -338,6 +339,20 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
           (rows) => (rows.length === 0 ? null : { name, holder, token: Number(rows[0].token), expiresAt: Number(rows[0].expires_at) })
         )
       ),
+
+    // The lease row is locked for the promotion: a new holder's takeover waits for it, and a holder
+    // whose lease was taken over (or ran out) promotes nothing.
+    promoteUnderLease: (lease, source, rule, now) =>
+      !Source.hasRemoteTimestamp(source)
+        ? Effect.succeed({ promoted: [], deferred: 0 })
+        : transaction(
+            Effect.gen(function* () {
+              const held = yield* sql`
+                SELECT token FROM leases WHERE name = ${lease.name} AND holder = ${lease.holder} AND token = ${lease.token} AND expires_at > ${now}${forUpdate}`
+              if (held.length === 0) return null
+              return yield* (isPg ? Promote.pg(sql, source, rule, now) : Promote.sqlite(sql, source, rule, now))
+            })
+          ),
 
     schemaVersion: () => mapped(Effect.map(sql<Row>`SELECT max(migration_id) AS v FROM scanfleet_migrations`, ([r]) => numOrNull(r?.v))),
 

@@ -216,6 +216,14 @@ export const make = (store: StoreShape): Operations.OperationsShape => {
 
     schemaVersion: () => Effect.succeed(null),
 
+    // One synchronous step: nothing runs between the lease check and the promotion.
+    promoteUnderLease: (lease, source, rule, now) =>
+      Effect.sync(() => {
+        const l = leases.get(lease.name)
+        if (!l || l.holder !== lease.holder || l.token !== lease.token || l.expiresAt <= now) return null
+        return Effect.runSync(store.promote(source, rule, now))
+      }),
+
     releaseLease: (name, holder, token) =>
       Effect.sync(() => {
         const l = leases.get(name)

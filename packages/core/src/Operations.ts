@@ -5,7 +5,7 @@ import type { NotFound, StoreError } from "./Errors.js"
 import type * as PhaseModel from "./PhaseModel.js"
 import type * as Retry from "./Retry.js"
 import { sources, type Source } from "./Source.js"
-import type { Device } from "./Store.js"
+import type { Device, PromoteResult, PromoteRule } from "./Store.js"
 import type { Status, Target } from "./Target.js"
 
 /** Who asked for an operator action and why; every mutating operation records it in the audit log. */
@@ -171,6 +171,12 @@ export class Operations extends Context.Tag("@scanfleet/core/Operations")<
     readonly acquireLease: (name: string, holder: string, ttlMs: number, now: number) => Effect.Effect<Lease | null, StoreError>
     /** The newest schema migration applied (null for a store without migrations, such as the memory model); it also proves the database answers. */
     readonly schemaVersion: () => Effect.Effect<number | null, StoreError>
+    /**
+     * Runs the Store's budgeted promotion only while `lease` is still held with its token, in one
+     * transaction that holds the lease row: a holder whose lease was taken over promotes nothing
+     * (null), so a source's per-cycle budget is spent by one instance at a time.
+     */
+    readonly promoteUnderLease: (lease: Lease, source: Source, rule: PromoteRule, now: number) => Effect.Effect<PromoteResult | null, StoreError>
     /** Gives a lease back, if `holder` still holds it with `token`. */
     readonly releaseLease: (name: string, holder: string, token: number) => Effect.Effect<void, StoreError>
   }
