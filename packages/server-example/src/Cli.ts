@@ -109,9 +109,10 @@ export const main = async (argv: ReadonlyArray<string>, env: Record<string, stri
       const config = settings(flags, env, true)
       const sourcesFile = flags.get("sources") ?? env.SCANFLEET_SOURCES_FILE
       const server = Server.layer(config)
+      const sources = sourcesFile ? Sources.load(sourcesFile) : undefined
       // With a sources file the scheduler runs beside the server and writes through its (counted) store.
-      const withDiscovery = sourcesFile
-        ? Layer.unwrapEffect(Effect.map(Sources.schedules(Sources.load(sourcesFile), env), Scheduler.layer)).pipe(
+      const withDiscovery = sources
+        ? Layer.unwrapEffect(Effect.map(Sources.schedules(sources, env), (ss) => Scheduler.layer(ss, Sources.lease(sources)))).pipe(
             Layer.provide(NodeHttpClient.layerUndici),
             Layer.provideMerge(server)
           )
