@@ -77,12 +77,14 @@ const accessLog = HttpMiddleware.make((httpApp) =>
   Effect.gen(function* () {
     const req = yield* HttpServerRequest.HttpServerRequest
     const flight = yield* InFlight
+    const metrics = yield* Metrics.Metrics
     const start = Date.now()
     yield* Ref.update(flight.count, (n) => n + 1)
     return yield* httpApp.pipe(
       Effect.tap((res) =>
         Effect.logInfo("http").pipe(
-          Effect.annotateLogs({ method: req.method, path: Url.parse(req.url).pathname, status: res.status, ms: Date.now() - start })
+          Effect.annotateLogs({ method: req.method, path: Url.parse(req.url).pathname, status: res.status, ms: Date.now() - start }),
+          Effect.zipLeft(Effect.sync(() => metrics.observeRequest(req.method, Url.parse(req.url).pathname, res.status, (Date.now() - start) / 1000)))
         )
       ),
       Effect.ensuring(
