@@ -96,8 +96,8 @@ export const SourceControlView = z
 /** GET /v1/admin/sources */
 export const SourceControls = z.object({ sources: z.array(SourceControlView) }).strict()
 
-/** POST /v1/admin/devices/:id/sources: the sources a device may claim (null: all). */
-export const DeviceSources = z.object({ sources: z.array(SourceSchema).min(1).nullable(), reason: Reason }).strict()
+/** POST /v1/admin/devices/:id/sources: the sources a device may claim (null: all; none: it claims nothing, which drains it). */
+export const DeviceSources = z.object({ sources: z.array(SourceSchema).max(4).nullable(), reason: Reason }).strict()
 
 /** A device as operators see it. */
 export const DeviceDetailView = DeviceView.extend({
