@@ -182,7 +182,8 @@ export const summaryData: Effect.Effect<z.infer<typeof WorkerApi.SummaryView>, A
       running: inState((c) => c.state === "active"),
       completed: inState((c) => c.state === "completed"),
       timedOut: inState((c) => c.outcome === "killed_at_deadline"),
-      failed: inState((c) => c.state === "failed"),
+      // One outcome is counted once: a timed-out assignment is in timedOut, not also here.
+      failed: inState((c) => c.state === "failed" && c.outcome !== "killed_at_deadline"),
       expired: inState((c) => c.state === "expired"),
       released: inState((c) => c.state === "released")
     },
@@ -190,7 +191,7 @@ export const summaryData: Effect.Effect<z.infer<typeof WorkerApi.SummaryView>, A
   } satisfies z.infer<typeof WorkerApi.SummaryView>
 })
 
-/** GET /v1/admin/summary: targets queued new and updated, assignments running, completed, timed out, expired. */
+/** GET /v1/admin/summary: targets queued new and updated, assignments running, completed, timed out, failed otherwise, expired. */
 const summary = Effect.gen(function* () {
   yield* Auth.admin({ cookie: false })
   yield* Request.query(WorkerApi.EmptyQuery)

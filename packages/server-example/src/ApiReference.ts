@@ -154,7 +154,7 @@ export const admin: ReadonlyArray<Endpoint> = [
     method: "GET",
     path: "/v1/admin/summary",
     auth: "admin",
-    summary: "The dashboard's headline numbers: targets queued new and updated (sums over the recorded cycles), pending, in progress, completed, failed; assignments running, completed, timed out (outcome `killed_at_deadline`), failed, expired, released.",
+    summary: "The dashboard's headline numbers: targets queued new and updated (sums over the recorded cycles), pending, in progress, completed, failed; assignments running, completed, timed out (outcome `killed_at_deadline`), failed (any other unsuccessful outcome: each assignment is counted once), expired, released.",
     query: Empty,
     response: { status: 200, schema: WorkerApi.SummaryView }
   }
@@ -283,6 +283,30 @@ export const other: ReadonlyArray<Endpoint> = [
     summary:
       "The dashboard (server-rendered HTML, refreshes every 5 s). Open `/?token=<admin token>` once: the server sets the HTTP-only, SameSite=Strict cookie `scanfleet_admin` (a session value derived from the token, which opens the dashboard and not the admin API) and redirects to `/`, so the token leaves the address bar. Takes the percentile query parameters (`source`, `metric`, `outcome`, `windowHours`).",
     response: { status: 200, note: "text/html; 401 page without the token, 303 redirect after `?token=`" }
+  },
+  {
+    method: "GET",
+    path: "/console/targets",
+    auth: "admin (bearer or cookie)",
+    summary: "The operator console's target search (server-rendered HTML): source, status and identity prefix, keyset pages; identities are truncated with the full value on hover.",
+    response: { status: 200, note: "text/html" }
+  },
+  {
+    method: "GET",
+    path: "/console/target",
+    auth: "admin (bearer or cookie)",
+    summary:
+      "One target (`?source=&identity=`) with every lifecycle field and its assignments: the three labelled deadlines (the one that fires next in bold), the phase timeline as a bar (each segment's width the time spent in that phase, with a table of the same), expiry evidence and cancellations; forms to requeue it and cancel an active assignment.",
+    response: { status: 200, note: "text/html" }
+  },
+  { method: "GET", path: "/console/sources", auth: "admin (bearer or cookie)", summary: "Each source's controls, with pause and resume forms.", response: { status: 200, note: "text/html" } },
+  {
+    method: "POST",
+    path: "/console/actions/:action",
+    auth: "admin (bearer or cookie)",
+    summary:
+      "A console form's action (`requeue`, `cancel`, `pause`, `resume`), as `application/x-www-form-urlencoded` with `csrf` (the token the page embeds, bound to the dashboard session), `reason` (audited, actor `dashboard`), `back` (the console page to return to) and the subject's fields. Answers 303 to `back` with `done=` or `refused=`; a missing or wrong CSRF token gets 403 and changes nothing.",
+    response: { status: 303, note: "redirect; 403 HTML page when the CSRF check fails" }
   },
   { method: "GET", path: "/metrics", auth: "none", summary: "Prometheus text exposition (see docs/server.md for the metric names).", response: { status: 200, note: "text/plain; version=0.0.4" } },
   {

@@ -6,6 +6,7 @@ import { Cause, Context, Deferred, Duration, Effect, Layer, Logger, LogLevel, Re
 import { createServer } from "node:http"
 import * as AdminRoutes from "./AdminRoutes.js"
 import { ApiError, toResponse } from "./ApiError.js"
+import * as Console from "./Console.js"
 import * as Controls from "./Controls.js"
 import * as Dashboard from "./Dashboard.js"
 import * as Health from "./Health.js"
@@ -45,7 +46,8 @@ export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Operations.Op
   WorkerRoutes.router,
   AdminRoutes.router,
   OperationsRoutes.router,
-  Dashboard.router
+  Dashboard.router,
+  Console.router
 ).pipe(HttpRouter.get("/metrics", metricsRoute), HttpRouter.get("/healthz", healthRoute), HttpRouter.get("/readyz", readyRoute))
 
 // Refusals become their JSON body; anything unexpected is logged and answered
