@@ -243,6 +243,24 @@ export const operationsConformance = (name: string, make: MakeOperations, capabi
         }))
     })
 
+    test("outcomes over time count each ended assignment once, in its bucket, every bucket listed", (s, o) =>
+      Effect.gen(function* () {
+        const d = yield* s.addDevice({ name: "d", slots: 4, tokenHash: "h", now: T0 })
+        yield* s.recordObservations(["a", "b", "c", "e"].map((i) => obs("github", i, null)), T0)
+        const as = yield* s.claimMany({ deviceId: d.id, slots: [0, 1, 2, 3], now: T0, config })
+        yield* finish(s, as[0], T0 + MIN, "clean")
+        yield* finish(s, as[1], T0 + 2 * MIN, "killed_at_deadline")
+        yield* finish(s, as[2], T0 + 11 * MIN, "scan_error")
+        yield* s.release(auth(as[3], T0 + 12 * MIN))
+        const b = yield* o.outcomesOverTime(T0, T0 + 30 * MIN, 10 * MIN)
+        expect(b).toEqual([
+          { start: T0, completed: 1, timedOut: 1, failed: 0, expired: 0, released: 0 },
+          { start: T0 + 10 * MIN, completed: 0, timedOut: 0, failed: 1, expired: 0, released: 1 },
+          { start: T0 + 20 * MIN, completed: 0, timedOut: 0, failed: 0, expired: 0, released: 0 }
+        ])
+        expect(yield* o.outcomesOverTime(T0 + 10, T0, HOUR)).toEqual([])
+      }))
+
     describe("audit and leases", () => {
       test("the audit log lists newest first and pages with `before`", (_s, o) =>
         Effect.gen(function* () {

@@ -306,6 +306,31 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
         })
       ),
 
+    // One grouped count over the window's ended assignments; core's outcomeOf names each group.
+    outcomesOverTime: (from, to, bucketMs) => {
+      const buckets = Operations.emptyBuckets(from, to, bucketMs)
+      if (buckets.length === 0) return Effect.succeed([])
+      const size = Math.max(1, Math.floor(bucketMs))
+      const end = from + buckets.length * size
+      return mapped(
+        Effect.map(
+          sql<Row>`
+            SELECT (ended_at - ${from}) / ${size} AS b, state, CASE WHEN outcome = 'killed_at_deadline' THEN 1 ELSE 0 END AS killed, count(*) AS n
+            FROM assignments WHERE state <> 'active' AND ended_at >= ${from} AND ended_at < ${Math.min(to, end)}
+            GROUP BY 1, 2, 3`,
+          (rows) => {
+            const out = [...buckets]
+            for (const r of rows) {
+              const i = Math.floor(Number(r.b))
+              const k = Operations.outcomeOf({ state: r.state, outcome: Number(r.killed) === 1 ? "killed_at_deadline" : null, endedAt: 0 } as never)
+              if (k !== null && out[i]) out[i] = { ...out[i], [k]: out[i][k] + Number(r.n) }
+            }
+            return out
+          }
+        )
+      )
+    },
+
     audit: (action, subject, d, actor) => mapped(record(action, subject, d, actor)),
 
     listAudit: (q) =>

@@ -193,6 +193,18 @@ export const make = (store: StoreShape): Operations.OperationsShape => {
         return Effect.succeed(ended)
       }),
 
+    outcomesOverTime: (from, to, bucketMs) =>
+      Effect.sync(() => {
+        const buckets = Operations.emptyBuckets(from, to, bucketMs)
+        for (const a of st.assignments.values()) {
+          const k = Operations.outcomeOf(a)
+          if (k === null || a.endedAt! < from || a.endedAt! >= to) continue
+          const b = buckets[Math.floor((a.endedAt! - from) / bucketMs)]
+          if (b) buckets[buckets.indexOf(b)] = { ...b, [k]: b[k] + 1 }
+        }
+        return buckets
+      }),
+
     audit: (action, subject, d, actor) => Effect.sync(() => record(action, subject, d, actor)),
 
     listAudit: (q) =>

@@ -120,6 +120,28 @@ export interface RedriveResult {
   readonly planned: number
 }
 
+/** Assignments that ended in one time bucket, each counted once: completed, timed out (killed at the deadline), failed otherwise, expired, released. */
+export interface OutcomeBucket {
+  readonly start: number
+  readonly completed: number
+  readonly timedOut: number
+  readonly failed: number
+  readonly expired: number
+  readonly released: number
+}
+
+/** The bucket an assignment that ended counts in, or null when it has not ended. */
+export const outcomeOf = (a: Assignment): keyof Omit<OutcomeBucket, "start"> | null =>
+  a.endedAt === null || a.state === "active"
+    ? null
+    : a.state === "completed"
+      ? "completed"
+      : a.state === "failed"
+        ? a.outcome === "killed_at_deadline"
+          ? "timedOut"
+          : "failed"
+        : a.state
+
 /** A held lease and its fencing token (strictly greater for every new holder). */
 export interface Lease {
   readonly name: string
@@ -158,6 +180,11 @@ export class Operations extends Context.Tag("@scanfleet/core/Operations")<
     readonly listDevices: () => Effect.Effect<ReadonlyArray<DeviceDetail>, StoreError>
     /** Revokes a device and ends its active reservations at once (fenced), their targets back to pending. */
     readonly revokeDevice: (deviceId: number, actor: Actor) => Effect.Effect<ReadonlyArray<Assignment>, NotFound | StoreError>
+    /**
+     * Assignments that ended in [from, to), counted per `bucketMs` bucket from `from` (every bucket listed,
+     * empty ones as zeros); it reads the assignments of the window, so keep windows to what a chart shows.
+     */
+    readonly outcomesOverTime: (from: number, to: number, bucketMs: number) => Effect.Effect<ReadonlyArray<OutcomeBucket>, StoreError>
     /** Records an action performed through another port (for example `add_targets`). */
     readonly audit: (action: Action, subject: string, detail: unknown, actor: Actor) => Effect.Effect<AuditEntry, StoreError>
     /** Audit entries, newest first, before the entry id `before` when given. */
@@ -211,6 +238,12 @@ export const claimable = (
   const paused = new Set(controls.filter((c) => c.paused).map((c) => c.source))
   if (asked === undefined && deviceOnly === null && paused.size === 0) return undefined
   return (asked ?? sources).filter((s) => (deviceOnly === null || deviceOnly.includes(s)) && !paused.has(s))
+}
+
+/** Empty buckets covering [from, to) (at most 1000). */
+export const emptyBuckets = (from: number, to: number, bucketMs: number): Array<OutcomeBucket> => {
+  const n = Math.max(0, Math.min(1000, Math.ceil((to - from) / Math.max(1, bucketMs))))
+  return Array.from({ length: n }, (_, i) => ({ start: from + i * bucketMs, completed: 0, timedOut: 0, failed: 0, expired: 0, released: 0 }))
 }
 
 /** The newest lifecycle time of a target, given the end of its last assignment. */

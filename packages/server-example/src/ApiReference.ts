@@ -299,6 +299,21 @@ export const other: ReadonlyArray<Endpoint> = [
       "One target (`?source=&identity=`) with every lifecycle field and its assignments: the three labelled deadlines (the one that fires next in bold), the phase timeline as a bar (each segment's width the time spent in that phase, with a table of the same), expiry evidence and cancellations; forms to requeue it and cancel an active assignment.",
     response: { status: 200, note: "text/html" }
   },
+  {
+    method: "GET",
+    path: "/console/charts",
+    auth: "admin (bearer or cookie)",
+    summary:
+      "Charts of assignments ended per hour over the last 24 h (completed, timed out, failed otherwise, expired: each counted once) with the targets promoted per hour, and of the p50/p95/p99 of one metric (`?metric=`, default `end_to_end`) per window (1 h, 6 h, 24 h, 7 d; the slowest source and outcome with enough samples). Drawn with uPlot served from `/assets/`; the same numbers are in tables for browsers without script.",
+    response: { status: 200, note: "text/html" }
+  },
+  {
+    method: "GET",
+    path: "/assets/:name",
+    auth: "none",
+    summary: "The console's static files: `uplot.js` and `uplot.css` (the charting library, from the server's own dependencies; no CDN) and `console-charts.js`.",
+    response: { status: 200, note: "text/javascript or text/css; 404 for any other name" }
+  },
   { method: "GET", path: "/console/sources", auth: "admin (bearer or cookie)", summary: "Each source's controls, with pause and resume forms.", response: { status: 200, note: "text/html" } },
   {
     method: "POST",

@@ -1,8 +1,11 @@
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
-import { AdminApi, type Errors, Operations, PhaseModel, Source, type Store, Target, type WorkerApi } from "@scanfleet/core"
+import { AdminApi, type Errors, Operations, Percentile, PhaseModel, Source, Store, Target, type WorkerApi } from "@scanfleet/core"
 import { Eta } from "eta"
 import { Clock, Effect } from "effect"
+import { readFileSync } from "node:fs"
+import { createRequire } from "node:module"
 import { z } from "zod"
+import * as AdminRoutes from "./AdminRoutes.js"
 import { type ApiError, fromNotFound, fromStoreError } from "./ApiError.js"
 import * as Auth from "./Auth.js"
 import * as Controls from "./Controls.js"
@@ -37,10 +40,12 @@ form.inline{display:inline}dl.kv{display:grid;grid-template-columns:max-content 
 eta.loadTemplate(
   "@layout",
   `<!doctype html><html lang="en"><head><meta charset="utf-8"><title><%= it.title %></title><style><%~ it.css %></style></head>
-<body><nav><a href="/">Dashboard</a><a href="/console/targets">Targets</a><a href="/console/sources">Sources</a></nav>
+<% if (it.scripts) { %><link rel="stylesheet" href="/assets/uplot.css"><% } %>
+<body><nav><a href="/">Dashboard</a><a href="/console/targets">Targets</a><a href="/console/sources">Sources</a><a href="/console/charts">Charts</a></nav>
 <h1><%= it.title %></h1>
 <% if (it.notice) { %><p class="<%= it.notice.kind %>" data-testid="notice"><%= it.notice.text %></p><% } %>
 <%~ it.body %>
+<% if (it.scripts) { %><script src="/assets/uplot.js"></script><script src="/assets/console-charts.js"></script><% } %>
 </body></html>`
 )
 
@@ -103,6 +108,20 @@ eta.loadTemplate(
 </tbody></table>`
 )
 
+eta.loadTemplate(
+  "@charts",
+  `<h2>Assignments ended and targets promoted, per hour (last 24 h)</h2>
+<div class="chart" data-testid="chart-outcomes" data-chart="<%= it.outcomesChart %>"></div>
+<details data-testid="chart-outcomes-table-box"><summary>The numbers</summary><table data-testid="chart-outcomes-table"><thead><tr><th>Hour (UTC)</th><th>Completed</th><th>Timed out</th><th>Failed</th><th>Expired</th><th>Promoted</th></tr></thead><tbody>
+<% for (const r of it.outcomes) { %><tr><td><%= r.hour %></td><td><%= r.completed %></td><td><%= r.timedOut %></td><td><%= r.failed %></td><td><%= r.expired %></td><td><%= r.promoted %></td></tr><% } %></tbody></table></details>
+<h2>Percentiles of <%= it.metric %> per window: the slowest source and outcome with enough samples</h2>
+<form method="get"><label>Metric <select name="metric"><% for (const m of it.metrics) { %><option<%= m === it.metric ? " selected" : "" %>><%= m %></option><% } %></select></label> <button>Show</button></form>
+<div class="chart" data-testid="chart-percentiles" data-chart="<%= it.percentilesChart %>"></div>
+<details data-testid="chart-percentiles-table-box"><summary>The numbers</summary><table data-testid="chart-percentiles-table"><thead><tr><th>Window</th><th>Samples</th><th>p50</th><th>p95</th><th>p99</th></tr></thead><tbody>
+<% for (const r of it.windows) { %><tr><td><%= r.label %></td><td><%= r.count %></td><td><%= r.p50 %></td><td><%= r.p95 %></td><td><%= r.p99 %></td></tr><% } %></tbody></table></details>
+<noscript><p class="muted">The charts need script; the tables above hold the same numbers.</p></noscript>`
+)
+
 eta.loadTemplate("@message", `<p class="<%= it.kind %>" data-testid="<%= it.testid %>"><%= it.text %></p><% if (it.hint) { %><p><%= it.hint %></p><% } %>`)
 
 const secured = (res: HttpServerResponse.HttpServerResponse) =>
@@ -124,9 +143,14 @@ const noticeOf = (url: URL) => {
   return done ? { kind: "done", text: done } : refused ? { kind: "refused", text: refused } : null
 }
 
-const page = (title: string, template: string, data: object, url: URL | null, status = 200) =>
+const page = (title: string, template: string, data: object, url: URL | null, status = 200, scripts = false) =>
   secured(
-    HttpServerResponse.html(eta.render("@layout", { title, css, notice: url ? noticeOf(url) : null, body: eta.render(template, data) })).pipe(HttpServerResponse.setStatus(status))
+    HttpServerResponse.html(eta.render("@layout", { title, css, scripts, notice: url ? noticeOf(url) : null, body: eta.render(template, data) })).pipe(HttpServerResponse.setStatus(status))
+  ).pipe(
+    // Only the charts page runs script, and only the server's own files.
+    scripts
+      ? HttpServerResponse.setHeader("content-security-policy", "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'")
+      : (r) => r
   )
 
 const errorPage = (e: ApiError) =>
@@ -343,10 +367,107 @@ const action = Effect.gen(function* () {
   return HttpServerResponse.empty({ status: 303 }).pipe(HttpServerResponse.setHeader("location", `${f.back}${f.back.includes("?") ? "&" : "?"}${new URLSearchParams(outcome)}`))
 }).pipe(Effect.catchTag("ApiError", (e) => Effect.succeed(errorPage(e))))
 
+const HOUR = 3_600_000
+const windows = [
+  { label: "1 h", hours: 1 },
+  { label: "6 h", hours: 6 },
+  { label: "24 h", hours: 24 },
+  { label: "7 d", hours: 168 }
+] as const
+
+/** GET /console/charts: assignments ended and targets promoted per hour, and percentiles per window, as charts over tables. */
+const charts = Effect.gen(function* () {
+  yield* session
+  const url = Url.parse((yield* HttpServerRequest.HttpServerRequest).url)
+  const q = yield* Request.query(z.object({ metric: Percentile.MetricSchema.default("end_to_end") }).strict())
+  const ops = yield* Operations.Operations
+  const store = yield* Store.Store
+  const now = yield* Clock.currentTimeMillis
+  const from = Math.floor((now - 23 * HOUR) / HOUR) * HOUR
+  const buckets = yield* ops.outcomesOverTime(from, from + 24 * HOUR, HOUR).pipe(Effect.mapError(fromStoreError))
+  const cycles = yield* store.listCycles({ limit: 1000 }).pipe(Effect.mapError(fromStoreError))
+  const promoted = buckets.map((b) => cycles.filter((c) => c.startedAt >= b.start && c.startedAt < b.start + HOUR).reduce((n, c) => n + c.queuedUpdatedCount, 0))
+  const outcomes = buckets.map((b, i) => ({ ...b, hour: iso(b.start).slice(0, 13) + ":00", promoted: promoted[i] }))
+  const rows = yield* Effect.forEach(windows, (w) => AdminRoutes.percentileData({ windowHours: w.hours, metric: q.metric }))
+  // All sources and outcomes together: the window's histogram merged, read by core's rank rule.
+  const merged = rows.map((r, i) => {
+    const count = r.rows.reduce((n, x) => n + x.count, 0)
+    const pick = (k: "p50" | "p95" | "p99") => {
+      const ok = r.rows.filter((x) => x[k].status === "ok")
+      return ok.length === 0 ? null : Math.max(...ok.map((x) => (x[k] as { value: number }).value))
+    }
+    return { label: windows[i].label, hours: windows[i].hours, count, p50: pick("p50"), p95: pick("p95"), p99: pick("p99") }
+  })
+  const secs = (v: number | null) => (v === null ? "insufficient" : `${(v / 1000).toFixed(1)} s`)
+  return page(
+    "Charts",
+    "@charts",
+    {
+      metric: q.metric,
+      metrics: Percentile.metrics,
+      outcomes,
+      outcomesChart: JSON.stringify({
+        kind: "time",
+        x: buckets.map((b) => b.start / 1000),
+        series: [
+          { label: "completed", values: buckets.map((b) => b.completed) },
+          { label: "timed out", values: buckets.map((b) => b.timedOut) },
+          { label: "failed", values: buckets.map((b) => b.failed) },
+          { label: "expired", values: buckets.map((b) => b.expired) },
+          { label: "promoted", values: promoted }
+        ]
+      }),
+      windows: merged.map((m) => ({ ...m, p50: secs(m.p50), p95: secs(m.p95), p99: secs(m.p99) })),
+      percentilesChart: JSON.stringify({
+        kind: "windows",
+        x: merged.map((m) => m.hours),
+        series: (["p50", "p95", "p99"] as const).map((k) => ({ label: `${k} (highest group, s)`, values: merged.map((m) => (m[k] === null ? null : m[k]! / 1000)) }))
+      })
+    },
+    url,
+    200,
+    true
+  )
+}).pipe(Effect.catchTag("ApiError", (e) => Effect.succeed(errorPage(e))))
+
+// uPlot, served from this server (no CDN), and the few lines that draw each chart from its data attribute.
+const require = createRequire(import.meta.url)
+const asset = (specifier: string) => readFileSync(require.resolve(specifier), "utf8")
+const assets = {
+  "uplot.js": { type: "text/javascript; charset=utf-8", body: () => asset("uplot/dist/uPlot.iife.min.js") },
+  "uplot.css": { type: "text/css; charset=utf-8", body: () => asset("uplot/dist/uPlot.min.css") },
+  "console-charts.js": {
+    type: "text/javascript; charset=utf-8",
+    body: () => `"use strict";
+document.querySelectorAll("[data-chart]").forEach(function (el) {
+  var d = JSON.parse(el.getAttribute("data-chart"));
+  var colors = ["#59a14f", "#e15759", "#f28e2b", "#9c755f", "#4e79a7"];
+  var opts = {
+    width: Math.min(900, el.clientWidth || 900), height: 260,
+    scales: { x: { time: d.kind === "time", distr: d.kind === "time" ? 1 : 3 } },
+    series: [{ label: d.kind === "time" ? "hour" : "window (hours)" }].concat(d.series.map(function (s, i) { return { label: s.label, stroke: colors[i % colors.length], width: 2, points: { show: true } }; }))
+  };
+  new uPlot(opts, [d.x].concat(d.series.map(function (s) { return s.values; })), el);
+  el.setAttribute("data-drawn", "true");
+});
+`
+  }
+} as const
+
+/** GET /assets/:name: the charting library and the console's chart script. */
+const assetRoute = Effect.gen(function* () {
+  const { name } = yield* HttpRouter.params
+  const a = name !== undefined && Object.hasOwn(assets, name) ? assets[name as keyof typeof assets] : undefined
+  if (!a) return HttpServerResponse.text("not found", { status: 404 })
+  return HttpServerResponse.text(a.body(), { contentType: a.type }).pipe(HttpServerResponse.setHeaders({ "cache-control": "public, max-age=3600", "x-content-type-options": "nosniff" }))
+})
+
 /** The console routes. */
 export const router: HttpRouter.HttpRouter<ApiError, Operations.Operations | Controls.Controls | Settings | Store.Store> = HttpRouter.empty.pipe(
   HttpRouter.get("/console/targets", targets),
   HttpRouter.get("/console/target", target),
   HttpRouter.get("/console/sources", sources),
+  HttpRouter.get("/console/charts", charts),
+  HttpRouter.get("/assets/:name", assetRoute),
   HttpRouter.post("/console/actions/:action", action)
 )

@@ -138,6 +138,29 @@ describe.skipIf(!haveChromium)("operator console in headless Chromium (SQLite fi
     await page.close()
   })
 
+  it("charts of outcomes and promotions over time and of percentiles per window are drawn from the server's own uPlot, over tables of the same numbers", async () => {
+    const page = await ctx.newPage()
+    const errors: Array<string> = []
+    page.on("pageerror", (e) => errors.push(e.message))
+    page.on("console", (m) => m.type() === "error" && errors.push(m.text()))
+    const requests: Array<string> = []
+    page.on("request", (r) => requests.push(r.url()))
+    await page.goto(`${s.url}/console/charts`)
+    await page.waitForSelector("[data-testid=chart-outcomes][data-drawn=true] canvas")
+    await page.waitForSelector("[data-testid=chart-percentiles][data-drawn=true] canvas")
+    expect(errors).toEqual([])
+    // Nothing from another origin.
+    expect(requests.every((u) => u.startsWith(s.url))).toBe(true)
+    const rows = await page.locator("[data-testid=chart-outcomes-table] tbody tr").count()
+    expect(rows).toBe(24)
+    // The failed (scan_error) and cancelled results of the earlier tests are in the table: each counted once.
+    const cells = await page.locator("[data-testid=chart-outcomes-table] tbody tr td").allTextContents()
+    const sum = (col: number) => cells.filter((_, i) => i % 6 === col).reduce((n, c) => n + Number(c), 0)
+    expect(sum(3)).toBe(1)
+    await shot(page, "charts")
+    await page.close()
+  })
+
   it("pause and resume a source; a form without the session's CSRF token is refused and changes nothing", async () => {
     const page = await ctx.newPage()
     await page.goto(`${s.url}/`)
