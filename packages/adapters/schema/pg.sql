@@ -27,6 +27,23 @@ CREATE TABLE assignments (
   device_slots integer NOT NULL
 );
 
+CREATE TABLE audit_log (
+  id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+  at bigint NOT NULL,
+  who text NOT NULL,
+  action text NOT NULL,
+  subject text NOT NULL,
+  why text NOT NULL,
+  detail text NOT NULL
+);
+
+CREATE TABLE cancellations (
+  reservation_id bigint NOT NULL,
+  at bigint NOT NULL,
+  who text NOT NULL,
+  why text NOT NULL
+);
+
 CREATE TABLE config_versions (
   version integer NOT NULL,
   document jsonb NOT NULL,
@@ -47,6 +64,11 @@ CREATE TABLE cycles (
   deferred_count integer NOT NULL,
   stop_reason text NOT NULL,
   error text
+);
+
+CREATE TABLE device_sources (
+  device_id bigint NOT NULL,
+  sources text NOT NULL
 );
 
 CREATE TABLE devices (
@@ -157,6 +179,13 @@ CREATE TABLE fleet (
   created_at bigint NOT NULL
 );
 
+CREATE TABLE leases (
+  name text NOT NULL,
+  holder text NOT NULL,
+  token bigint NOT NULL,
+  expires_at bigint NOT NULL
+);
+
 CREATE TABLE progress_events (
   reservation_id bigint NOT NULL,
   seq integer NOT NULL,
@@ -181,6 +210,21 @@ CREATE TABLE scanfleet_migrations (
   name text NOT NULL
 );
 
+CREATE TABLE source_pauses (
+  source text NOT NULL,
+  paused_at bigint NOT NULL,
+  paused_by text NOT NULL,
+  reason text NOT NULL
+);
+
+CREATE TABLE target_retries (
+  target_id bigint NOT NULL,
+  redrives integer DEFAULT 0 NOT NULL,
+  revision bigint,
+  retry_at bigint,
+  planned_fence integer
+);
+
 CREATE TABLE targets (
   id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
   source text NOT NULL,
@@ -200,8 +244,13 @@ ALTER TABLE assignments ADD CONSTRAINT assignments_device_slots_fkey FOREIGN KEY
 ALTER TABLE assignments ADD CONSTRAINT assignments_pkey PRIMARY KEY (reservation_id);
 ALTER TABLE assignments ADD CONSTRAINT assignments_state_check CHECK ((state = ANY (ARRAY['active'::text, 'completed'::text, 'failed'::text, 'expired'::text, 'released'::text])));
 ALTER TABLE assignments ADD CONSTRAINT assignments_target_id_fkey FOREIGN KEY (target_id) REFERENCES targets(id);
+ALTER TABLE audit_log ADD CONSTRAINT audit_log_pkey PRIMARY KEY (id);
+ALTER TABLE cancellations ADD CONSTRAINT cancellations_pkey PRIMARY KEY (reservation_id);
+ALTER TABLE cancellations ADD CONSTRAINT cancellations_reservation_id_fkey FOREIGN KEY (reservation_id) REFERENCES assignments(reservation_id);
 ALTER TABLE config_versions ADD CONSTRAINT config_versions_pkey PRIMARY KEY (version);
 ALTER TABLE cycles ADD CONSTRAINT cycles_pkey PRIMARY KEY (id);
+ALTER TABLE device_sources ADD CONSTRAINT device_sources_device_id_fkey FOREIGN KEY (device_id) REFERENCES devices(id);
+ALTER TABLE device_sources ADD CONSTRAINT device_sources_pkey PRIMARY KEY (device_id);
 ALTER TABLE devices ADD CONSTRAINT devices_id_slots_key UNIQUE (id, slots);
 ALTER TABLE devices ADD CONSTRAINT devices_pkey PRIMARY KEY (id);
 ALTER TABLE devices ADD CONSTRAINT devices_slots_check CHECK ((slots >= 0));
@@ -209,12 +258,17 @@ ALTER TABLE duration_rollups ADD CONSTRAINT duration_rollups_pkey PRIMARY KEY (s
 ALTER TABLE durations ADD CONSTRAINT durations_pkey PRIMARY KEY (id);
 ALTER TABLE fleet ADD CONSTRAINT fleet_one_check CHECK (one);
 ALTER TABLE fleet ADD CONSTRAINT fleet_pkey PRIMARY KEY (one);
+ALTER TABLE leases ADD CONSTRAINT leases_pkey PRIMARY KEY (name);
 ALTER TABLE progress_events ADD CONSTRAINT progress_events_pkey PRIMARY KEY (reservation_id, seq);
 ALTER TABLE progress_events ADD CONSTRAINT progress_events_reservation_id_fkey FOREIGN KEY (reservation_id) REFERENCES assignments(reservation_id);
 ALTER TABLE results ADD CONSTRAINT results_pkey PRIMARY KEY (reservation_id);
 ALTER TABLE results ADD CONSTRAINT results_receipt_id_key UNIQUE (receipt_id);
 ALTER TABLE results ADD CONSTRAINT results_reservation_id_fkey FOREIGN KEY (reservation_id) REFERENCES assignments(reservation_id);
 ALTER TABLE scanfleet_migrations ADD CONSTRAINT scanfleet_migrations_pkey PRIMARY KEY (migration_id);
+ALTER TABLE source_pauses ADD CONSTRAINT source_pauses_pkey PRIMARY KEY (source);
+ALTER TABLE source_pauses ADD CONSTRAINT source_pauses_source_check CHECK ((source = ANY (ARRAY['github'::text, 'gitlab'::text, 'huggingface'::text, 'dockerhub'::text])));
+ALTER TABLE target_retries ADD CONSTRAINT target_retries_pkey PRIMARY KEY (target_id);
+ALTER TABLE target_retries ADD CONSTRAINT target_retries_target_id_fkey FOREIGN KEY (target_id) REFERENCES targets(id);
 ALTER TABLE targets ADD CONSTRAINT targets_pkey PRIMARY KEY (id);
 ALTER TABLE targets ADD CONSTRAINT targets_source_check CHECK ((source = ANY (ARRAY['github'::text, 'gitlab'::text, 'huggingface'::text, 'dockerhub'::text])));
 ALTER TABLE targets ADD CONSTRAINT targets_source_identity_key UNIQUE (source, identity);
@@ -225,9 +279,13 @@ CREATE UNIQUE INDEX assignments_active_slot_idx ON assignments USING btree (devi
 CREATE INDEX assignments_active_source_idx ON assignments USING btree (source) WHERE (state = 'active'::text);
 CREATE INDEX assignments_device_idx ON assignments USING btree (device_id, reservation_id);
 CREATE UNIQUE INDEX assignments_pkey ON assignments USING btree (reservation_id);
+CREATE INDEX assignments_target_idx ON assignments USING btree (target_id, reservation_id);
+CREATE UNIQUE INDEX audit_log_pkey ON audit_log USING btree (id);
+CREATE UNIQUE INDEX cancellations_pkey ON cancellations USING btree (reservation_id);
 CREATE UNIQUE INDEX config_versions_pkey ON config_versions USING btree (version);
 CREATE UNIQUE INDEX cycles_pkey ON cycles USING btree (id);
 CREATE INDEX cycles_source_idx ON cycles USING btree (source, id);
+CREATE UNIQUE INDEX device_sources_pkey ON device_sources USING btree (device_id);
 CREATE UNIQUE INDEX devices_id_slots_key ON devices USING btree (id, slots);
 CREATE UNIQUE INDEX devices_pkey ON devices USING btree (id);
 CREATE INDEX devices_token_hash_idx ON devices USING btree (token_hash) WHERE (revoked_at IS NULL);
@@ -235,10 +293,14 @@ CREATE UNIQUE INDEX duration_rollups_pkey ON duration_rollups USING btree (span,
 CREATE UNIQUE INDEX durations_pkey ON durations USING btree (id);
 CREATE INDEX durations_source_idx ON durations USING btree (source, metric, outcome, at) INCLUDE (ms);
 CREATE UNIQUE INDEX fleet_pkey ON fleet USING btree (one);
+CREATE UNIQUE INDEX leases_pkey ON leases USING btree (name);
 CREATE UNIQUE INDEX progress_events_pkey ON progress_events USING btree (reservation_id, seq);
 CREATE UNIQUE INDEX results_pkey ON results USING btree (reservation_id);
 CREATE UNIQUE INDEX results_receipt_id_key ON results USING btree (receipt_id);
 CREATE UNIQUE INDEX scanfleet_migrations_pkey ON scanfleet_migrations USING btree (migration_id);
+CREATE UNIQUE INDEX source_pauses_pkey ON source_pauses USING btree (source);
+CREATE UNIQUE INDEX target_retries_pkey ON target_retries USING btree (target_id);
+CREATE INDEX targets_failed_idx ON targets USING btree (source, id) WHERE (status = ANY (ARRAY['failed'::text, 'unresolved'::text]));
 CREATE INDEX targets_pending_idx ON targets USING btree (id) WHERE (status = 'pending'::text);
 CREATE UNIQUE INDEX targets_pkey ON targets USING btree (id);
 CREATE INDEX targets_promotion_idx ON targets USING btree (source, COALESCE(last_scan_started_at, completed_at, (0)::bigint), id) WHERE ((status = 'completed'::text) AND (observed_remote_at > COALESCE(covered_remote_at, completed_at)));

@@ -26,6 +26,23 @@ CREATE TABLE assignments (
       expiry_last_progress_at BIGINT
     , device_slots INTEGER);
 
+CREATE TABLE audit_log (
+      id INTEGER PRIMARY KEY,
+      at BIGINT NOT NULL,
+      who TEXT NOT NULL,
+      action TEXT NOT NULL,
+      subject TEXT NOT NULL,
+      why TEXT NOT NULL,
+      detail TEXT NOT NULL
+    );
+
+CREATE TABLE cancellations (
+      reservation_id BIGINT PRIMARY KEY REFERENCES assignments (reservation_id),
+      at BIGINT NOT NULL,
+      who TEXT NOT NULL,
+      why TEXT NOT NULL
+    );
+
 CREATE TABLE config_versions (
       version INTEGER PRIMARY KEY,
       document TEXT NOT NULL,
@@ -46,6 +63,11 @@ CREATE TABLE cycles (
       deferred_count INTEGER NOT NULL,
       stop_reason TEXT NOT NULL,
       error TEXT
+    );
+
+CREATE TABLE device_sources (
+      device_id BIGINT PRIMARY KEY REFERENCES devices (id),
+      sources TEXT NOT NULL
     );
 
 CREATE TABLE devices (
@@ -83,6 +105,13 @@ CREATE TABLE fleet (
       created_at INTEGER NOT NULL
     );
 
+CREATE TABLE leases (
+      name TEXT PRIMARY KEY,
+      holder TEXT NOT NULL,
+      token BIGINT NOT NULL,
+      expires_at BIGINT NOT NULL
+    );
+
 CREATE TABLE progress_events (
       reservation_id BIGINT NOT NULL REFERENCES assignments (reservation_id),
       seq INTEGER NOT NULL,
@@ -107,6 +136,21 @@ CREATE TABLE "scanfleet_migrations" (
   created_at datetime NOT NULL DEFAULT current_timestamp,
   name VARCHAR(255) NOT NULL
 );
+
+CREATE TABLE source_pauses (
+      source TEXT PRIMARY KEY CHECK (source IN ('github', 'gitlab', 'huggingface', 'dockerhub')),
+      paused_at BIGINT NOT NULL,
+      paused_by TEXT NOT NULL,
+      reason TEXT NOT NULL
+    );
+
+CREATE TABLE target_retries (
+      target_id BIGINT PRIMARY KEY REFERENCES targets (id),
+      redrives INTEGER NOT NULL DEFAULT 0,
+      revision BIGINT,
+      retry_at BIGINT,
+      planned_fence INTEGER
+    );
 
 CREATE TABLE targets (
       id INTEGER PRIMARY KEY,
@@ -140,6 +184,8 @@ CREATE TRIGGER assignments_device_active BEFORE INSERT ON assignments
 
 CREATE INDEX assignments_device_idx ON assignments (device_id, reservation_id);
 
+CREATE INDEX assignments_target_idx ON assignments (target_id, reservation_id);
+
 CREATE INDEX cycles_source_idx ON cycles (source, id);
 
 CREATE INDEX devices_token_hash_idx ON devices (token_hash) WHERE revoked_at IS NULL;
@@ -157,6 +203,8 @@ CREATE TRIGGER durations_rollup AFTER INSERT ON durations
 CREATE INDEX durations_source_idx ON durations (source, metric, outcome, at);
 
 CREATE INDEX durations_window_idx ON durations (at);
+
+CREATE INDEX targets_failed_idx ON targets (source, id) WHERE status IN ('failed', 'unresolved');
 
 CREATE INDEX targets_pending_idx ON targets (id) WHERE status = 'pending';
 

@@ -15,6 +15,8 @@ import {
 } from "@scanfleet/core"
 import * as Model from "./internal/ModelTest.js"
 
+export { operationsConformance, type MakeOperations, type OperationsCapabilities } from "./OperationsConformance.js"
+
 /** What a backend can be asked to prove beyond the common behaviour. */
 export interface Capabilities {
   /** Several connections really run at once (Postgres): the racing tests run. */

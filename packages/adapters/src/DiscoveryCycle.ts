@@ -7,6 +7,8 @@ export interface Settings {
   readonly limits: Discovery.Limits
   /** The source's promotion budget, cooldown and updated-rescans switch come from here. */
   readonly config: Config.ManagedConfig
+  /** The promotion to run (default `store.promote`); a server instance passes one fenced by its discovery lease. */
+  readonly promote?: Store.StoreShape["promote"]
 }
 
 /** The structured log line one cycle emits (also what the durable record holds). */
@@ -129,7 +131,7 @@ export const run = (
 
     const promoteEnabled = policy.updatedRescans && Source.hasRemoteTimestamp(source)
     const promoted = promoteEnabled
-      ? yield* store.promote(source, { budget: policy.promotionBudget, cooldownMs: policy.cooldownSeconds * 1000 }, now)
+      ? yield* (settings.promote ?? store.promote)(source, { budget: policy.promotionBudget, cooldownMs: policy.cooldownSeconds * 1000 }, now)
       : { promoted: [], deferred: 0 }
     const { queuedNewCount, queuedUpdatedCount } = Discovery.counts(inserted, new Set(promoted.promoted))
     const clockEnd = yield* Clock.currentTimeMillis

@@ -51,13 +51,13 @@ export const holds = (t: Target, fence: number): boolean => t.status === "in_pro
  */
 export const complete = (t: Target, now: number): Target => ({ ...t, status: "completed", completedAt: now })
 
-/** Ends a scan as failed; the target is not promoted again. */
+/** Ends a scan as failed; the target waits for its source's failure backoff or a newer revision (`Retry`). */
 export const fail = (t: Target, status: "failed" | "unresolved" = "failed"): Target => ({ ...t, status })
 
 /** Gives a claimed target back to the queue (an authority change: fence bumped). */
 export const release = (t: Target): Target => ({ ...t, status: "pending", fence: t.fence + 1 })
 
-/** Expires a claimed target: back to pending while attempts remain, else failed. */
+/** Expires a claimed target: back to pending while attempts at this revision remain (`Retry`), else failed. */
 export const expire = (t: Target, maxAttempts: number): Target => ({
   ...t,
   status: t.attempts < maxAttempts ? "pending" : "failed",

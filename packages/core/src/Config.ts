@@ -5,6 +5,21 @@ import { sources, type Source } from "./Source.js"
 const seconds = (max: number) => z.number().int().min(1).max(max)
 const DAY = 86_400
 
+/**
+ * How failed and unresolved targets of a source are retried at one covered revision: the n-th
+ * redrive waits `initialSeconds * 2^n` (at most `maxSeconds`) after the failure, and after
+ * `maxRedrives` redrives the target waits for a newer revision or an operator's requeue.
+ * A source without it uses `Retry.defaultBackoff`.
+ */
+export const FailureBackoffSchema = z
+  .object({
+    initialSeconds: seconds(7 * DAY),
+    maxSeconds: seconds(30 * DAY),
+    maxRedrives: z.number().int().min(0).max(1000)
+  })
+  .strict()
+  .refine((b) => b.maxSeconds >= b.initialSeconds, { message: "maxSeconds must be at least initialSeconds", path: ["maxSeconds"] })
+
 /** Per-source settings of the managed configuration. */
 export const SourcePolicySchema = z
   .object({
@@ -17,7 +32,9 @@ export const SourcePolicySchema = z
     /** Hard maximum of updated-target promotions per discovery cycle. */
     promotionBudget: z.number().int().min(0).max(1_000_000),
     /** Whether changed completed targets are rescanned at all. */
-    updatedRescans: z.boolean()
+    updatedRescans: z.boolean(),
+    /** Backoff of failed and unresolved targets (default `Retry.defaultBackoff`). */
+    failureBackoff: FailureBackoffSchema.optional()
   })
   .strict()
 
@@ -48,6 +65,8 @@ export const ManagedConfigSchema = z
 
 /** The managed runtime configuration document. */
 export type ManagedConfig = z.infer<typeof ManagedConfigSchema>
+/** A source's failure backoff. */
+export type FailureBackoff = z.infer<typeof FailureBackoffSchema>
 /** Per-source settings. */
 export type SourcePolicy = z.infer<typeof SourcePolicySchema>
 

@@ -1,7 +1,10 @@
-import { Clock, Effect, Either, Layer, Random } from "effect"
+import { Clock, Context, Effect, Either, Layer, Random } from "effect"
 import * as Assignment from "./Assignment.js"
 import * as Claim from "./Claim.js"
 import * as Deadline from "./Deadline.js"
+// The operator port's model reads this store's maps; it is only called when a layer is built.
+import * as MemoryOperations from "./MemoryOperations.js"
+import * as Operations from "./Operations.js"
 import { ClaimRejected, NotFound, ProgressRejected, ReservationRefused } from "./Errors.js"
 import * as Percentile from "./Percentile.js"
 import * as PhaseModel from "./PhaseModel.js"
@@ -23,6 +26,19 @@ const randomUuid: Effect.Effect<string> = Effect.map(
     return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`
   }
 )
+
+/** The maps a memory store keeps, shared with the operator port's model beside it (`MemoryOperations`). */
+export interface State {
+  readonly targets: Map<number, Target.Target>
+  readonly byKey: Map<string, number>
+  readonly assignments: Map<number, Assignment.Assignment>
+  readonly events: Map<number, ReadonlyArray<StoredEvent>>
+  readonly devices: Map<number, Device & { readonly tokenHash: string }>
+  readonly key: (source: Source, identity: string) => string
+}
+
+/** The state of a store made by `make`. */
+export const stateOf = new WeakMap<StoreShape, State>()
 
 const key = (source: Source, identity: string) => `${source}\u0000${identity}`
 
@@ -393,8 +409,14 @@ export const make = (): StoreShape => {
         ? Effect.succeed(fleet)
         : Effect.map(Effect.all([randomUuid, Clock.currentTimeMillis]), ([id, createdAt]) => (fleet ??= { id, createdAt }))
   }
+  stateOf.set(store, { targets, byKey, assignments, events, devices, key })
   return store
 }
 
-/** A layer providing a fresh in-memory Store. */
-export const layer: Layer.Layer<Store> = Layer.sync(Store, make)
+/** A layer providing a fresh in-memory Store and the operator port's model over the same state (`MemoryOperations`). */
+export const layer: Layer.Layer<Store | Operations.Operations> = Layer.effectContext(
+  Effect.sync(() => {
+    const store = make()
+    return Context.make(Store, store).pipe(Context.add(Operations.Operations, MemoryOperations.make(store)))
+  })
+)

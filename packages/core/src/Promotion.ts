@@ -93,5 +93,5 @@ export const deferredCount = (eligibleLeft: number, limit: number = deferredCoun
   return Math.max(0, Math.min(eligibleLeft, cap))
 }
 
-/** The authority change of a promotion: back to pending, fence bumped. */
-export const promote = (t: Target): Target => ({ ...t, status: "pending", fence: t.fence + 1 })
+/** The authority change of a promotion: back to pending, fence bumped, a fresh expiry budget for the newer revision (`Retry`). */
+export const promote = (t: Target): Target => ({ ...t, status: "pending", fence: t.fence + 1, attempts: 0 })

@@ -24,7 +24,7 @@ export interface Target {
   readonly lastScanStartedAt: number | null
   /** Incremented by every authority change (claim, promotion, release, expiry). */
   readonly fence: number
-  /** Claims made so far; expiry re-queues while below the configured maximum. */
+  /** Claims since the last promotion or redrive (`Retry`); expiry re-queues while below the configured maximum. */
   readonly attempts: number
   readonly discoveredAt: number
 }

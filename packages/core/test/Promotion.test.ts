@@ -70,7 +70,7 @@ describe("Promotion", () => {
 
   it.prop("a promotion is an authority change: back to pending with the fence bumped", [completedTarget], ([t]) => {
     const p = Promotion.promote(t)
-    expect(p).toEqual({ ...t, status: "pending", fence: t.fence + 1 })
+    expect(p).toEqual({ ...t, status: "pending", fence: t.fence + 1, attempts: 0 })
   })
 
   it.prop(

@@ -1,5 +1,5 @@
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
-import { type Assignment, Config, type Errors, Percentile, Source, Store, WorkerApi } from "@scanfleet/core"
+import { type Assignment, Config, type Errors, Operations, Percentile, Source, Store, WorkerApi } from "@scanfleet/core"
 import { Clock, Effect, Either } from "effect"
 import type { z } from "zod"
 import { ApiError, fromNotFound, fromStoreError } from "./ApiError.js"
@@ -47,6 +47,8 @@ const apply = Effect.gen(function* () {
   const store = yield* Store.Store
   const now = yield* Clock.currentTimeMillis
   const v = yield* storeOp(store.applyConfig(doc, by, now))
+  const ops = yield* Operations.Operations
+  yield* storeOp(ops.audit("apply_config", "config", { version: v.version }, { who: by, why: `version ${v.version}`, now }))
   yield* Effect.logInfo("configuration applied").pipe(Effect.annotateLogs({ version: v.version, appliedBy: by }))
   return ok(configView(v), 201)
 })
@@ -81,17 +83,6 @@ const addDevice = Effect.gen(function* () {
   const d = yield* storeOp(store.addDevice({ name: req.name, slots: req.slots, tokenHash: Tokens.hash(token), now }))
   yield* Effect.logInfo("device registered").pipe(Effect.annotateLogs({ deviceId: d.id, name: d.name, slots: d.slots }))
   return ok({ device: Views.device(d), token }, 201)
-})
-
-/** DELETE /v1/admin/devices/:id: revokes a device; its token stops working at once. */
-const revokeDevice = Effect.gen(function* () {
-  yield* Auth.admin({ cookie: false })
-  const id = yield* Request.idParam("id")
-  const store = yield* Store.Store
-  const now = yield* Clock.currentTimeMillis
-  yield* storeOp(store.revokeDevice(id, now))
-  yield* Effect.logInfo("device revoked").pipe(Effect.annotateLogs({ deviceId: id }))
-  return ok({ revoked: id })
 })
 
 /** GET /v1/admin/assignments?state=&limit=: assignment views, newest first. */
@@ -193,7 +184,8 @@ export const summaryData: Effect.Effect<z.infer<typeof WorkerApi.SummaryView>, A
       running: inState((c) => c.state === "active"),
       completed: inState((c) => c.state === "completed"),
       timedOut: inState((c) => c.outcome === "killed_at_deadline"),
-      failed: inState((c) => c.state === "failed"),
+      // One outcome is counted once: a timed-out assignment is in timedOut, not also here.
+      failed: inState((c) => c.state === "failed" && c.outcome !== "killed_at_deadline"),
       expired: inState((c) => c.state === "expired"),
       released: inState((c) => c.state === "released")
     },
@@ -201,7 +193,7 @@ export const summaryData: Effect.Effect<z.infer<typeof WorkerApi.SummaryView>, A
   } satisfies z.infer<typeof WorkerApi.SummaryView>
 })
 
-/** GET /v1/admin/summary: targets queued new and updated, assignments running, completed, timed out, expired. */
+/** GET /v1/admin/summary: targets queued new and updated, assignments running, completed, timed out, failed otherwise, expired. */
 const summary = Effect.gen(function* () {
   yield* Auth.admin({ cookie: false })
   yield* Request.query(WorkerApi.EmptyQuery)
@@ -209,12 +201,11 @@ const summary = Effect.gen(function* () {
 })
 
 /** The admin API routes. */
-export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Settings> = HttpRouter.empty.pipe(
+export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Operations.Operations | Settings> = HttpRouter.empty.pipe(
   HttpRouter.post("/v1/admin/config/preview", preview),
   HttpRouter.post("/v1/admin/config/apply", apply),
   HttpRouter.get("/v1/admin/config", getConfig),
   HttpRouter.post("/v1/admin/devices", addDevice),
-  HttpRouter.del("/v1/admin/devices/:id", revokeDevice),
   HttpRouter.get("/v1/admin/assignments", listAssignments),
   HttpRouter.get("/v1/admin/assignments/:id", getAssignment),
   HttpRouter.get("/v1/admin/cycles", listCycles),

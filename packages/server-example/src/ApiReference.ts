@@ -1,4 +1,4 @@
-import { WorkerApi } from "@scanfleet/core"
+import { AdminApi, WorkerApi } from "@scanfleet/core"
 import { z } from "zod"
 
 /** One endpoint of the HTTP API, with the zod schemas of what it takes and returns. */
@@ -17,7 +17,6 @@ export interface Endpoint {
 }
 
 const Empty = z.object({}).strict()
-const Revoked = z.object({ revoked: z.number().int() }).strict()
 
 /** The Worker API: what devices call. */
 export const worker: ReadonlyArray<Endpoint> = [
@@ -121,14 +120,6 @@ export const admin: ReadonlyArray<Endpoint> = [
     response: { status: 201, schema: WorkerApi.DeviceCreated }
   },
   {
-    method: "DELETE",
-    path: "/v1/admin/devices/:id",
-    auth: "admin",
-    summary: "Revokes a device; its token stops working at once (401).",
-    response: { status: 200, schema: Revoked },
-    errors: ["404 no such device"]
-  },
-  {
     method: "GET",
     path: "/v1/admin/assignments",
     auth: "admin",
@@ -173,9 +164,123 @@ export const admin: ReadonlyArray<Endpoint> = [
     method: "GET",
     path: "/v1/admin/summary",
     auth: "admin",
-    summary: "The dashboard's headline numbers: targets queued new and updated (sums over the recorded cycles), pending, in progress, completed, failed; assignments running, completed, timed out (outcome `killed_at_deadline`), failed, expired, released.",
+    summary: "The dashboard's headline numbers: targets queued new and updated (sums over the recorded cycles), pending, in progress, completed, failed; assignments running, completed, timed out (outcome `killed_at_deadline`), failed (any other unsuccessful outcome: each assignment is counted once), expired, released.",
     query: Empty,
     response: { status: 200, schema: WorkerApi.SummaryView }
+  }
+]
+
+/** The operator endpoints: inspect, steer and redrive the fleet. Every change is audited (`X-Scanfleet-Actor` names who, `reason` says why). */
+export const operations: ReadonlyArray<Endpoint> = [
+  {
+    method: "POST",
+    path: "/v1/admin/targets",
+    auth: "admin",
+    summary:
+      "Adds targets (one or a batch of up to 1000) as discovery records are admitted: a new identity becomes a pending target, a known one only has its observed remote time raised. Identities are checked as discovery checks them (no control characters, valid Unicode, at most 1024 UTF-8 bytes); a `remoteAt`, when given, must be a valid remote timestamp (ISO-8601 with an offset, after 2000, not ahead of the server clock by more than 5 minutes; never for DockerHub). Any problem refuses the whole batch.",
+    body: AdminApi.AddTargets,
+    response: { status: 201, schema: AdminApi.AddTargetsResult },
+    errors: ["400 `invalid_body` with each problem at its path (`targets.<i>.identity`, `targets.<i>.remoteAt`, `reason`)"]
+  },
+  {
+    method: "GET",
+    path: "/v1/admin/targets/search",
+    auth: "admin",
+    summary:
+      "Targets matching every filter given (source, status, identity prefix, `changedSince` as epoch milliseconds or an ISO-8601 instant: the newest of discovery, last scan start, completion and the end of the last assignment), in id order. Keyset pagination: pass the answer's `next` as `after` for the next page; `next` is null on the last page.",
+    query: AdminApi.TargetSearchQuery,
+    response: { status: 200, schema: AdminApi.TargetPage }
+  },
+  {
+    method: "GET",
+    path: "/v1/admin/targets/inspect",
+    auth: "admin",
+    summary:
+      "One target with every lifecycle field (status, fence, observed and covered remote times, attempts at this revision, the failure backoff state) and its newest `limit` assignments, each with its three labelled deadlines, its accepted timeline, its expiry evidence and, if an operator cancelled it, who, when and why.",
+    query: AdminApi.TargetKeyQuery,
+    response: { status: 200, schema: AdminApi.Inspection },
+    errors: ["404 no such target"]
+  },
+  {
+    method: "POST",
+    path: "/v1/admin/targets/requeue",
+    auth: "admin",
+    summary: "Puts a target that is not in flight (completed, failed, unresolved, deferred) back to pending with a fresh expiry budget and failure backoff; the fence is bumped. Audited.",
+    body: AdminApi.Requeue,
+    response: { status: 200, schema: AdminApi.TargetView },
+    errors: ["404 no such target", "409 `operation_refused:in_progress` (cancel its assignment first) | `operation_refused:already_pending`"]
+  },
+  {
+    method: "POST",
+    path: "/v1/admin/assignments/:id/cancel",
+    auth: "admin",
+    summary:
+      "Ends an active reservation at once and returns its target to pending (fence bumped). The device's next write to it (progress, result, release) is refused with 403 `reservation_refused:cancelled`, naming who cancelled it and why, so the worker stops the scan. Audited.",
+    body: AdminApi.WithReason,
+    response: { status: 200, note: "`{ assignment }`, the ended assignment view" },
+    errors: ["404 no such assignment", "409 `operation_refused:not_active`"]
+  },
+  {
+    method: "GET",
+    path: "/v1/admin/sources",
+    auth: "admin",
+    summary: "Each source's runtime controls: paused or not, and who paused it, when and why.",
+    query: WorkerApi.EmptyQuery,
+    response: { status: 200, schema: AdminApi.SourceControls }
+  },
+  {
+    method: "POST",
+    path: "/v1/admin/sources/:source/pause",
+    auth: "admin",
+    summary:
+      "Pauses a source: no claims take its targets and no discovery cycle runs for it, on every server instance (within one second on instances other than the one asked). Active assignments run on. Audited.",
+    body: AdminApi.WithReason,
+    response: { status: 200, schema: AdminApi.SourceControlView },
+    errors: ["400 `invalid_path` unknown source"]
+  },
+  {
+    method: "POST",
+    path: "/v1/admin/sources/:source/resume",
+    auth: "admin",
+    summary: "Resumes a paused source. Audited.",
+    body: AdminApi.WithReason,
+    response: { status: 200, schema: AdminApi.SourceControlView },
+    errors: ["400 `invalid_path` unknown source"]
+  },
+  {
+    method: "GET",
+    path: "/v1/admin/devices",
+    auth: "admin",
+    summary: "Every device with its slots, claim filter, last contact (its newest claim, progress or result) and active reservations.",
+    query: WorkerApi.EmptyQuery,
+    response: { status: 200, schema: AdminApi.DeviceList }
+  },
+  {
+    method: "POST",
+    path: "/v1/admin/devices/:id/sources",
+    auth: "admin",
+    summary: "Restricts the sources a device may claim (`null`: all; `[]`: none, which drains the device while its active reservations finish). Claims obey it within one second on every instance. Audited.",
+    body: AdminApi.DeviceSources,
+    response: { status: 200, schema: AdminApi.DeviceDetailView },
+    errors: ["404 no such device"]
+  },
+  {
+    method: "DELETE",
+    path: "/v1/admin/devices/:id",
+    auth: "admin",
+    summary:
+      "Revokes a device: its token stops working at once (401) and its active reservations end at once (fenced, their targets back to pending). `?reason=` is recorded in the audit log.",
+    query: AdminApi.RevokeQuery,
+    response: { status: 200, schema: AdminApi.Revoked },
+    errors: ["404 no such device"]
+  },
+  {
+    method: "GET",
+    path: "/v1/admin/audit",
+    auth: "admin",
+    summary: "The audit log of operator actions (who, when, what, why, details), newest first; pass the last entry's `id` as `before` for older ones.",
+    query: AdminApi.AuditQuery,
+    response: { status: 200, schema: AdminApi.AuditList }
   }
 ]
 
@@ -189,8 +294,61 @@ export const other: ReadonlyArray<Endpoint> = [
       "The dashboard (server-rendered HTML, refreshes every 5 s). Open `/?token=<admin token>` once: the server sets the HTTP-only, SameSite=Strict cookie `scanfleet_admin` (a session value derived from the token, which opens the dashboard and not the admin API) and redirects to `/`, so the token leaves the address bar. Takes the percentile query parameters (`source`, `metric`, `outcome`, `windowHours`).",
     response: { status: 200, note: "text/html; 401 page without the token, 303 redirect after `?token=`" }
   },
+  {
+    method: "GET",
+    path: "/console/targets",
+    auth: "admin (bearer or cookie)",
+    summary: "The operator console's target search (server-rendered HTML): source, status and identity prefix, keyset pages; identities are truncated with the full value on hover.",
+    response: { status: 200, note: "text/html" }
+  },
+  {
+    method: "GET",
+    path: "/console/target",
+    auth: "admin (bearer or cookie)",
+    summary:
+      "One target (`?source=&identity=`) with every lifecycle field and its assignments: the three labelled deadlines (the one that fires next in bold), the phase timeline as a bar (each segment's width the time spent in that phase, with a table of the same), expiry evidence and cancellations; forms to requeue it and cancel an active assignment.",
+    response: { status: 200, note: "text/html" }
+  },
+  {
+    method: "GET",
+    path: "/console/charts",
+    auth: "admin (bearer or cookie)",
+    summary:
+      "Charts of assignments ended per hour over the last 24 h (completed, timed out, failed otherwise, expired: each counted once) with the targets promoted per hour, and of the p50/p95/p99 of one metric (`?metric=`, default `end_to_end`) per window (1 h, 6 h, 24 h, 7 d; the slowest source and outcome with enough samples). Drawn with uPlot served from `/assets/`; the same numbers are in tables for browsers without script.",
+    response: { status: 200, note: "text/html" }
+  },
+  {
+    method: "GET",
+    path: "/assets/:name",
+    auth: "none",
+    summary: "The console's static files: `uplot.js` and `uplot.css` (the charting library, from the server's own dependencies; no CDN) and `console-charts.js`.",
+    response: { status: 200, note: "text/javascript or text/css; 404 for any other name" }
+  },
+  { method: "GET", path: "/console/sources", auth: "admin (bearer or cookie)", summary: "Each source's controls, with pause and resume forms.", response: { status: 200, note: "text/html" } },
+  {
+    method: "POST",
+    path: "/console/actions/:action",
+    auth: "admin (bearer or cookie)",
+    summary:
+      "A console form's action (`requeue`, `cancel`, `pause`, `resume`), as `application/x-www-form-urlencoded` with `csrf` (the token the page embeds, bound to the dashboard session), `reason` (audited, actor `dashboard`), `back` (the console page to return to) and the subject's fields. Answers 303 to `back` with `done=` or `refused=`; a missing or wrong CSRF token gets 403 and changes nothing.",
+    response: { status: 303, note: "redirect; 403 HTML page when the CSRF check fails" }
+  },
   { method: "GET", path: "/metrics", auth: "none", summary: "Prometheus text exposition (see docs/server.md for the metric names).", response: { status: 200, note: "text/plain; version=0.0.4" } },
-  { method: "GET", path: "/healthz", auth: "none", summary: "Liveness: `{ \"ok\": true }`.", response: { status: 200 } }
+  {
+    method: "GET",
+    path: "/healthz",
+    auth: "none",
+    summary: "Liveness: `{ \"ok\": true, \"status\": \"alive\" }` while the process serves requests. It checks nothing else, so a liveness probe restarts only a hung process, never one waiting for its database.",
+    response: { status: 200 }
+  },
+  {
+    method: "GET",
+    path: "/readyz",
+    auth: "none",
+    summary:
+      "Readiness: 200 when the database answers within 2 s, its schema is at the newest migration this build knows, and the expiry sweeper finished a sweep within three sweep intervals plus 5 s; else 503. Each check is listed with what it found. Point load balancers and orchestrator readiness probes here.",
+    response: { status: 200, schema: AdminApi.Readiness, note: "503 with the same body when a check fails" }
+  }
 ]
 
 const schemaBlock = (title: string, schema: z.ZodType, io: "input" | "output") =>
@@ -209,10 +367,10 @@ const section = (e: Endpoint) => {
 }
 
 const header = (title: string) =>
-  `<!-- Generated from the zod schemas in packages/core/src/WorkerApi.ts by packages/server-example/src/ApiReference.ts; test/ApiReference.test.ts fails when this file is stale (SCANFLEET_UPDATE_DOCS=1 rewrites it). -->\n\n# ${title}\n`
+  `<!-- Generated from the zod schemas in packages/core/src/WorkerApi.ts and AdminApi.ts by packages/server-example/src/ApiReference.ts; test/ApiReference.test.ts fails when this file is stale (SCANFLEET_UPDATE_DOCS=1 rewrites it). -->\n\n# ${title}\n`
 
 const index = () => `${header("HTTP API reference")}
-Every endpoint is versioned under \`/v1\`, takes and returns JSON, and is described by a zod schema exported from \`@scanfleet/core\` (\`WorkerApi\`), so the worker client, third-party clients and the server share one contract.
+Every endpoint is versioned under \`/v1\`, takes and returns JSON, and is described by a zod schema exported from \`@scanfleet/core\` (\`WorkerApi\`, \`AdminApi\`), so the worker client, third-party clients and the server share one contract.
 
 - [Worker API](worker-api.md): what devices call, with a device bearer token.
 - [Admin API](admin-api.md): what operators call, with the admin token.
@@ -232,9 +390,9 @@ ${schemaBlock("Error body:", WorkerApi.ErrorBodySchema, "output")}
 | --- | --- | --- |
 | 400 | \`malformed_json\`, \`invalid_body\`, \`invalid_query\`, \`invalid_path\` | the body is not JSON, or a body, query or path value does not match its schema |
 | 401 | \`unauthorized\` | missing or wrong credentials |
-| 403 | \`forbidden\`, \`reservation_refused:<reason>\` | wrong role; the reservation is not the caller's live one (\`not_owner\`, \`stale_fence\`, \`expired\`, \`not_active\`, \`upload_deadline_passed\`) |
+| 403 | \`forbidden\`, \`reservation_refused:<reason>\` | wrong role; the reservation is not the caller's live one (\`not_owner\`, \`stale_fence\`, \`expired\`, \`not_active\`, \`cancelled\`, \`upload_deadline_passed\`) |
 | 404 | \`not_found\`, \`route_not_found\` | no such entity or endpoint |
-| 409 | \`claim_rejected:<reason>\` | the claim could not take authority (\`slot_busy\`, \`capacity\`, \`source_cap\`, ...) |
+| 409 | \`claim_rejected:<reason>\`, \`operation_refused:<reason>\` | the claim could not take authority (\`slot_busy\`, \`capacity\`, \`source_cap\`, ...); an operator action does not apply to the subject as it stands |
 | 413 | \`payload_too_large\` | the body exceeds its limit |
 | 422 | \`progress_rejected:<reason>\`, \`invalid_config\` | a progress batch contradicts the timeline; a configuration breaks a rule |
 | 503 | \`store_unavailable\` | the database cannot be reached; retry |
@@ -245,7 +403,7 @@ Each core error class maps to one status: \`ClaimRejected\` 409, \`ReservationRe
 
 | method | path | auth |
 | --- | --- | --- |
-${[...worker, ...admin, ...other].map((e) => `| ${e.method} | \`${e.path}\` | ${e.auth} |`).join("\n")}
+${[...worker, ...admin, ...operations, ...other].map((e) => `| ${e.method} | \`${e.path}\` | ${e.auth} |`).join("\n")}
 
 ${other.map(section).join("\n")}`
 
@@ -253,5 +411,5 @@ ${other.map(section).join("\n")}`
 export const render = (): Record<string, string> => ({
   "index.md": index(),
   "worker-api.md": `${header("Worker API")}\nAll endpoints take \`Authorization: Bearer <device token>\`. Errors: see [index.md](index.md#errors).\n\n${worker.map(section).join("\n")}`,
-  "admin-api.md": `${header("Admin API")}\nAll endpoints take \`Authorization: Bearer <admin token>\`. Errors: see [index.md](index.md#errors).\n\n${admin.map(section).join("\n")}`
+  "admin-api.md": `${header("Admin API")}\nAll endpoints take \`Authorization: Bearer <admin token>\`. Errors: see [index.md](index.md#errors).\n\n${admin.map(section).join("\n")}\n## Operator endpoints\n\nEvery change is recorded in the audit log: the \`X-Scanfleet-Actor\` header names who (default \`admin\`), the body's \`reason\` says why.\n\n${operations.map(section).join("\n")}`
 })

@@ -2,6 +2,7 @@ import { NodeHttpClient, NodeRuntime } from "@effect/platform-node"
 import { Config, Store } from "@scanfleet/core"
 import { Clock, Effect, Either, Layer } from "effect"
 import { readFileSync } from "node:fs"
+import * as AdminCommands from "./AdminCommands.js"
 import * as Database from "./Database.js"
 import * as Scheduler from "./Scheduler.js"
 import * as Server from "./Server.js"
@@ -29,7 +30,9 @@ Options:
 
 Environment: SCANFLEET_DATABASE_URL, SCANFLEET_HOST, SCANFLEET_PORT, SCANFLEET_ADMIN_TOKEN,
 SCANFLEET_SWEEP_INTERVAL_MS, SCANFLEET_POOL_SIZE, SCANFLEET_PG_PREPARE (on|off), SCANFLEET_LOG_LEVEL.
-The admin token is required by serve.`
+The admin token is required by serve.
+
+${AdminCommands.usage}`
 
 /** A command line that cannot be run as given. */
 export class UsageError extends Error {}
@@ -109,9 +112,10 @@ export const main = async (argv: ReadonlyArray<string>, env: Record<string, stri
       const config = settings(flags, env, true)
       const sourcesFile = flags.get("sources") ?? env.SCANFLEET_SOURCES_FILE
       const server = Server.layer(config)
+      const sources = sourcesFile ? Sources.load(sourcesFile) : undefined
       // With a sources file the scheduler runs beside the server and writes through its (counted) store.
-      const withDiscovery = sourcesFile
-        ? Layer.unwrapEffect(Effect.map(Sources.schedules(Sources.load(sourcesFile), env), Scheduler.layer)).pipe(
+      const withDiscovery = sources
+        ? Layer.unwrapEffect(Effect.map(Sources.schedules(sources, env), (ss) => Scheduler.layer(ss, Sources.lease(sources)))).pipe(
             Layer.provide(NodeHttpClient.layerUndici),
             Layer.provideMerge(server)
           )
@@ -163,9 +167,11 @@ export const main = async (argv: ReadonlyArray<string>, env: Record<string, stri
       console.log(`applied as version ${v.version} by ${v.appliedBy}`)
       return 0
     }
+    const operator = await AdminCommands.run(words, flags, env)
+    if (operator !== null) return operator
     throw new UsageError(`unknown command: ${cmd}`)
   } catch (e) {
-    if (e instanceof UsageError) {
+    if (e instanceof UsageError || e instanceof AdminCommands.UsageError) {
       console.error(`${e.message}\n\n${usage}`)
       return 2
     }

@@ -48,6 +48,7 @@ body{font:14px/1.4 system-ui,sans-serif;margin:1.5rem;color:#222}
 h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:2rem}
 table{border-collapse:collapse;margin:.5rem 0}th,td{border:1px solid #ccc;padding:.25rem .5rem;text-align:left;vertical-align:top}
 th{background:#f3f3f3}td[data-testid$="-at"],td[data-testid*="deadline"],td[data-testid*="expiry"],td[data-testid*="progress"]{white-space:nowrap}.num{text-align:right}.insufficient{color:#a35a00;font-style:italic}.next{font-weight:bold}
+.id{display:inline-block;max-width:28ch;overflow:hidden;text-overflow:ellipsis;white-space:nowrap;vertical-align:bottom}nav a{margin-right:1rem}
 .muted{color:#777}dl.summary{display:grid;grid-template-columns:repeat(6,auto);gap:.25rem 1rem;width:max-content}dl.summary dt{color:#555}dl.summary dd{margin:0;font-weight:bold}
 </style></head><body>${body}</body></html>`
 
@@ -66,7 +67,7 @@ const activeTable = (rows: ReadonlyArray<WorkerApi.AssignmentView>) =>
 ${rows
   .map((a) => {
     const id = a.reservationId
-    return `<tr data-testid="active-row-${id}"><td>${id}</td><td data-testid="active-${id}-target">${esc(`${a.target.source}:${a.target.identity}`)}</td>
+    return `<tr data-testid="active-row-${id}"><td>${id}</td><td><a href="/console/target?${esc(new URLSearchParams({ source: a.target.source, identity: a.target.identity }).toString())}"><span class="id" title="${esc(`${a.target.source}:${a.target.identity}`)}" data-testid="active-${id}-target">${esc(`${a.target.source}:${a.target.identity}`)}</span></a></td>
 <td>${a.deviceId} / ${a.slot}</td><td data-testid="active-${id}-phase">${esc(a.lastPhase ?? "none yet")}</td>
 ${deadlineCell(a, "targetScan", `active-${id}-target-scan-deadline`)}${deadlineCell(a, "resultUpload", `active-${id}-result-upload-deadline`)}${deadlineCell(a, "assignmentExpiry", `active-${id}-assignment-expiry`)}
 <td data-testid="active-${id}-next">${esc(a.nextDeadline ? a.nextDeadline.label : "all passed")}</td>
@@ -85,7 +86,7 @@ const expiredTable = (rows: ReadonlyArray<WorkerApi.AssignmentView>) =>
 ${rows
   .map((a) => {
     const id = a.reservationId
-    return `<tr data-testid="expired-row-${id}"><td>${id}</td><td data-testid="expired-${id}-target">${esc(`${a.target.source}:${a.target.identity}`)}</td><td>${a.deviceId} / ${a.slot}</td>
+    return `<tr data-testid="expired-row-${id}"><td>${id}</td><td><a href="/console/target?${esc(new URLSearchParams({ source: a.target.source, identity: a.target.identity }).toString())}"><span class="id" title="${esc(`${a.target.source}:${a.target.identity}`)}" data-testid="expired-${id}-target">${esc(`${a.target.source}:${a.target.identity}`)}</span></a></td><td>${a.deviceId} / ${a.slot}</td>
 <td data-testid="expired-${id}-last-phase">${esc(a.expiry?.lastPhase ?? "none (no progress accepted)")}</td>
 <td data-testid="expired-${id}-last-progress">${esc(iso(a.expiry?.lastProgressAt ?? null))}</td>
 <td data-testid="expired-${id}-assignment-expiry">${esc(a.deadlines.assignmentExpiry.iso)}</td>
@@ -94,35 +95,60 @@ ${rows
   .join("\n")}
 </tbody></table>`
 
-const cyclesTable = (rows: ReadonlyArray<z.infer<typeof WorkerApi.CycleView>>) =>
-  rows.length === 0
-    ? `<p data-testid="cycles-empty">No discovery cycles recorded yet.</p>`
-    : `<table data-testid="cycles-table"><thead><tr><th>Cycle</th><th>Source</th><th>Started</th><th>Ended</th><th>Pages</th><th>Results</th><th>Malformed</th>
-<th>queued_new_count</th><th>queued_updated_count</th><th>Deferred by budget</th><th>Stop reason</th><th>Error</th></tr></thead><tbody>
-${rows
-  .map(
-    (c) => `<tr data-testid="cycle-row-${c.id}"><td>${c.id}</td><td data-testid="cycle-${c.id}-source">${esc(c.source)}</td><td>${esc(iso(c.startedAt))}</td><td>${esc(iso(c.endedAt))}</td>
+// A cycle that queued nothing, deferred nothing and failed nothing carries no information: such rows are collapsed.
+const quietCycle = (c: z.infer<typeof WorkerApi.CycleView>) => c.queuedNewCount === 0 && c.queuedUpdatedCount === 0 && c.deferredCount === 0 && c.error === null
+
+const cycleRows = (rows: ReadonlyArray<z.infer<typeof WorkerApi.CycleView>>) =>
+  rows
+    .map(
+      (c) => `<tr data-testid="cycle-row-${c.id}"><td>${c.id}</td><td data-testid="cycle-${c.id}-source">${esc(c.source)}</td><td>${esc(iso(c.startedAt))}</td><td>${esc(iso(c.endedAt))}</td>
 <td class="num">${c.pages}</td><td class="num">${c.results}</td><td class="num">${c.malformed}</td>
 <td class="num" data-testid="cycle-${c.id}-queued-new">${c.queuedNewCount}</td><td class="num" data-testid="cycle-${c.id}-queued-updated">${c.queuedUpdatedCount}</td>
 <td class="num" data-testid="cycle-${c.id}-deferred">${c.deferredCount >= Promotion.deferredCountLimit ? `≥ ${Promotion.deferredCountLimit.toLocaleString("en-US")}` : c.deferredCount}</td><td data-testid="cycle-${c.id}-stop">${esc(c.stopReason)}</td><td>${esc(c.error ?? "")}</td></tr>`
-  )
-  .join("\n")}
-</tbody></table>`
+    )
+    .join("\n")
 
-const percentileTable = (p: z.infer<typeof WorkerApi.PercentileResponse>) =>
-  `<p>Window: last <span data-testid="percentiles-window">${p.windowHours}</span> h; a percentile needs at least <span data-testid="percentiles-min-samples">${p.minSamples}</span> samples.</p>` +
-  (p.rows.length === 0
-    ? `<p data-testid="percentiles-empty">No duration observations in this window.</p>`
-    : `<table data-testid="percentiles-table"><thead><tr><th>Source</th><th>Metric</th><th>Outcome</th><th>Samples</th><th>p50</th><th>p95</th><th>p99</th></tr></thead><tbody>
-${p.rows
-  .map((r) => {
-    const k = `${r.source}-${r.metric}-${r.outcome}`
-    const cell = (name: "p50" | "p95" | "p99") =>
-      `<td data-testid="pct-${k}-${name}" class="num ${r[name].status === "insufficient" ? "insufficient" : ""}">${esc(quantile(r[name]))}</td>`
-    return `<tr data-testid="pct-row-${k}"><td>${esc(r.source)}</td><td>${esc(r.metric)}</td><td>${esc(r.outcome)}</td><td class="num" data-testid="pct-${k}-count">${r.count}</td>${cell("p50")}${cell("p95")}${cell("p99")}</tr>`
-  })
-  .join("\n")}
-</tbody></table>`)
+const cycleHead = `<thead><tr><th>Cycle</th><th>Source</th><th>Started</th><th>Ended</th><th>Pages</th><th>Results</th><th>Malformed</th>
+<th>queued_new_count</th><th>queued_updated_count</th><th>Deferred by budget</th><th>Stop reason</th><th>Error</th></tr></thead>`
+
+const cyclesTable = (rows: ReadonlyArray<z.infer<typeof WorkerApi.CycleView>>) => {
+  if (rows.length === 0) return `<p data-testid="cycles-empty">No discovery cycles recorded yet.</p>`
+  const told = rows.filter((c) => !quietCycle(c))
+  const quiet = rows.filter(quietCycle)
+  return (
+    `<table data-testid="cycles-table">${cycleHead}<tbody>\n${cycleRows(told)}\n</tbody></table>` +
+    (quiet.length === 0
+      ? ""
+      : `<details data-testid="cycles-collapsed"><summary>${quiet.length} cycle(s) that queued, deferred and failed nothing</summary><table>${cycleHead}<tbody>\n${cycleRows(quiet)}\n</tbody></table></details>`)
+  )
+}
+
+const pctHead = `<thead><tr><th>Source</th><th>Metric</th><th>Outcome</th><th>Samples</th><th>p50</th><th>p95</th><th>p99</th></tr></thead>`
+
+const pctRows = (rows: z.infer<typeof WorkerApi.PercentileResponse>["rows"]) =>
+  rows
+    .map((r) => {
+      const k = `${r.source}-${r.metric}-${r.outcome}`
+      const cell = (name: "p50" | "p95" | "p99") =>
+        `<td data-testid="pct-${k}-${name}" class="num ${r[name].status === "insufficient" ? "insufficient" : ""}">${esc(quantile(r[name]))}</td>`
+      return `<tr data-testid="pct-row-${k}"><td>${esc(r.source)}</td><td>${esc(r.metric)}</td><td>${esc(r.outcome)}</td><td class="num" data-testid="pct-${k}-count">${r.count}</td>${cell("p50")}${cell("p95")}${cell("p99")}</tr>`
+    })
+    .join("\n")
+
+// Rows whose every percentile is insufficient say only their count: they are collapsed below the informative ones.
+const percentileTable = (p: z.infer<typeof WorkerApi.PercentileResponse>) => {
+  const head = `<p>Window: last <span data-testid="percentiles-window">${p.windowHours}</span> h; a percentile needs at least <span data-testid="percentiles-min-samples">${p.minSamples}</span> samples.</p>`
+  if (p.rows.length === 0) return head + `<p data-testid="percentiles-empty">No duration observations in this window.</p>`
+  const known = p.rows.filter((r) => r.p50.status === "ok" || r.p95.status === "ok" || r.p99.status === "ok")
+  const thin = p.rows.filter((r) => !known.includes(r))
+  return (
+    head +
+    `<table data-testid="percentiles-table">${pctHead}<tbody>\n${pctRows(known)}\n</tbody></table>` +
+    (thin.length === 0
+      ? ""
+      : `<details data-testid="percentiles-collapsed"><summary>${thin.length} row(s) with fewer than ${p.minSamples} samples (insufficient)</summary><table>${pctHead}<tbody>\n${pctRows(thin)}\n</tbody></table></details>`)
+  )
+}
 
 const summaryBlock = (s: z.infer<typeof WorkerApi.SummaryView>) => {
   const item = (label: string, testid: string, n: number) => `<dt>${esc(label)}</dt><dd data-testid="summary-${testid}">${n}</dd>`
@@ -181,7 +207,7 @@ const dashboard = Effect.gen(function* () {
   const summary = yield* AdminRoutes.summaryData
   const fleet = yield* store.fleet().pipe(Effect.mapError(fromStoreError))
   const activeViews = active.map((a) => Views.assignment(a, now, fleet.id)).sort((a, b) => (a.nextDeadline?.at ?? Infinity) - (b.nextDeadline?.at ?? Infinity))
-  const body = `<h1>scanfleet dashboard</h1>
+  const body = `<nav><a href="/console/targets" data-testid="nav-targets">Search targets</a><a href="/console/sources" data-testid="nav-sources">Pause or resume sources</a></nav><h1>scanfleet dashboard</h1>
 <p class="muted">Server time <span data-testid="server-now">${esc(iso(now))}</span>; refreshes every 5 s. Every assignment carries three deadlines, fixed at issuance and never renewed:
 the <b>${esc(Deadline.labels.scanDeadline)}</b> (the whole scan stage must end), the <b>${esc(Deadline.labels.uploadDeadline)}</b> (the result must be accepted),
 and the <b>${esc(Deadline.labels.expiresAt)}</b> (the server reclaims the target). The one that fires next is in bold.</p>

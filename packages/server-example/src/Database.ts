@@ -1,5 +1,5 @@
 import { PgStore, SqliteStore } from "@scanfleet/adapters"
-import { type Errors, MemoryStore, type Store } from "@scanfleet/core"
+import { type Errors, MemoryStore, type Operations, type Store } from "@scanfleet/core"
 import { Layer, Redacted } from "effect"
 import { mkdirSync } from "node:fs"
 import { dirname, resolve } from "node:path"
@@ -23,13 +23,13 @@ export const parse = (url: string): Backend => {
 export const redact = (url: string): string => url.replace(/\/\/([^:/@]+):[^@/]*@/, "//$1:***@")
 
 /**
- * The Store a database URL names, migrated to the latest schema. Releasing
+ * The Store a database URL names, with its operator port, migrated to the latest schema. Releasing
  * the layer closes the connection pool.
  *
  * @example
  * const StoreLive = Database.layer("sqlite:./data/scanfleet.db", { poolSize: 10 })
  */
-export const layer = (url: string, opts: { readonly poolSize?: number; readonly prepare?: boolean } = {}): Layer.Layer<Store.Store, Errors.StoreError> => {
+export const layer = (url: string, opts: { readonly poolSize?: number; readonly prepare?: boolean } = {}): Layer.Layer<Store.Store | Operations.Operations, Errors.StoreError> => {
   const b = parse(url)
   switch (b._tag) {
     case "memory":

@@ -1,6 +1,22 @@
-import { Store, type Source } from "@scanfleet/core"
+import { Migrator } from "@scanfleet/adapters"
+import { Assignment, Store, type Source } from "@scanfleet/core"
 import { Context, Effect, Layer, Runtime } from "effect"
-import { Counter, Gauge, Registry } from "prom-client"
+import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from "prom-client"
+import pkg from "../package.json" with { type: "json" }
+
+/** Bucket bounds of the duration histograms, seconds: one second to a day, roughly doubling. */
+export const durationBuckets = [1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14_400, 28_800, 86_400]
+
+/** Bucket bounds of the HTTP request histogram, seconds. */
+export const httpBuckets = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
+
+/** A request path as a metric label: numeric segments become `:id`, so labels stay few. */
+export const routeLabel = (path: string): string =>
+  path
+    .split("/")
+    .map((seg) => (/^[0-9]+$/.test(seg) ? ":id" : seg))
+    .join("/")
+    .slice(0, 100)
 
 /**
  * The server's Prometheus metrics. Counters count what passed through this
@@ -16,6 +32,8 @@ export class Metrics extends Context.Tag("@scanfleet/server-example/Metrics")<
     readonly text: Effect.Effect<string>
     /** The content type of `text`. */
     readonly contentType: string
+    /** Counts one HTTP request and observes its duration. */
+    readonly observeRequest: (method: string, path: string, status: number, seconds: number) => void
   }
 >() {}
 
@@ -26,6 +44,40 @@ export const make = (store: Store.StoreShape): Effect.Effect<{ readonly service:
     const run = Runtime.runPromise(runtime)
     const registry = new Registry()
     registry.setDefaultLabels({})
+    collectDefaultMetrics({ register: registry })
+    new Gauge({
+      name: "scanfleet_build_info",
+      help: "Always 1; the labels name this build: the server package version, the newest schema migration it knows and the Node version.",
+      labelNames: ["version", "schema", "node"] as const,
+      registers: [registry]
+    }).set({ version: pkg.version, schema: String(Migrator.latest), node: process.version }, 1)
+    const httpRequests = new Counter({
+      name: "scanfleet_http_requests_total",
+      help: "HTTP requests answered by this instance, by method, route (numeric ids as :id) and status.",
+      labelNames: ["method", "route", "status"] as const,
+      registers: [registry]
+    })
+    const httpSeconds = new Histogram({
+      name: "scanfleet_http_request_duration_seconds",
+      help: "Time to answer an HTTP request, seconds, by method and route.",
+      labelNames: ["method", "route"] as const,
+      buckets: httpBuckets,
+      registers: [registry]
+    })
+    const durations = new Histogram({
+      name: "scanfleet_assignment_duration_seconds",
+      help: "Durations of assignments whose result this instance accepted, seconds, per source, metric (end_to_end, scanning, cleanup, bundling, upload; phases only when they completed) and outcome.",
+      labelNames: ["source", "metric", "outcome"] as const,
+      buckets: durationBuckets,
+      registers: [registry]
+    })
+    // The durations the store recorded for an accepted result, computed by the same core rule from its timeline.
+    const observeDurations = (a: Assignment.Assignment, outcome: Assignment.Outcome, acceptedAt: number) =>
+      Effect.map(store.timeline(a.reservationId).pipe(Effect.orElseSucceed(() => [])), (evs) => {
+        const uploading = evs.find((e) => e.kind === "phase" && e.phase === "uploading")
+        for (const d of Assignment.durationsOf(a, evs, outcome, acceptedAt, uploading ? uploading.acceptedAt : null))
+          durations.observe({ source: d.source, metric: d.metric, outcome: d.outcome }, d.ms / 1000)
+      })
 
     new Gauge({
       name: "scanfleet_targets",
@@ -102,7 +154,7 @@ export const make = (store: Store.StoreShape): Effect.Effect<{ readonly service:
           Effect.flatMap(store.getAssignment(input.reservationId).pipe(Effect.option), (a) =>
             Effect.sync(() => {
               if (a._tag === "Some" && receipt.acceptedAt === input.now) results.inc({ source: a.value.source, outcome: receipt.outcome })
-            })
+            }).pipe(Effect.zipRight(a._tag === "Some" && receipt.acceptedAt === input.now ? observeDurations(a.value, receipt.outcome, receipt.acceptedAt) : Effect.void))
           )
         ),
       submitResults: (inputs) =>
@@ -110,7 +162,9 @@ export const make = (store: Store.StoreShape): Effect.Effect<{ readonly service:
           Effect.forEach(answers, (r, i) =>
             r._tag === "Right" && r.right.acceptedAt === inputs[i].now
               ? Effect.flatMap(store.getAssignment(r.right.reservationId).pipe(Effect.option), (a) =>
-                  Effect.sync(() => a._tag === "Some" && results.inc({ source: a.value.source, outcome: r.right.outcome }))
+                  Effect.sync(() => a._tag === "Some" && results.inc({ source: a.value.source, outcome: r.right.outcome })).pipe(
+                    Effect.zipRight(a._tag === "Some" ? observeDurations(a.value, r.right.outcome, r.right.acceptedAt) : Effect.void)
+                  )
                 )
               : Effect.void
           )
@@ -126,7 +180,12 @@ export const make = (store: Store.StoreShape): Effect.Effect<{ readonly service:
     const service: Context.Tag.Service<Metrics> = {
       registry,
       contentType: registry.contentType,
-      text: Effect.promise(() => registry.metrics())
+      text: Effect.promise(() => registry.metrics()),
+      observeRequest: (method, path, status, seconds) => {
+        const route = routeLabel(path)
+        httpRequests.inc({ method, route, status: String(status) })
+        httpSeconds.observe({ method, route }, seconds)
+      }
     }
     return { service, store: instrumented }
   })

@@ -1,13 +1,17 @@
 import { HttpMiddleware, HttpRouter, HttpServer, HttpServerRequest, HttpServerResponse } from "@effect/platform"
 import type { ServeError } from "@effect/platform/HttpServerError"
 import { NodeHttpServer } from "@effect/platform-node"
-import { Store } from "@scanfleet/core"
+import { Operations, type Store } from "@scanfleet/core"
 import { Cause, Context, Deferred, Duration, Effect, Layer, Logger, LogLevel, Ref } from "effect"
 import { createServer } from "node:http"
 import * as AdminRoutes from "./AdminRoutes.js"
 import { ApiError, toResponse } from "./ApiError.js"
+import * as Console from "./Console.js"
+import * as Controls from "./Controls.js"
 import * as Dashboard from "./Dashboard.js"
+import * as Health from "./Health.js"
 import * as Metrics from "./Metrics.js"
+import * as OperationsRoutes from "./OperationsRoutes.js"
 import { type ServerConfig, Settings } from "./ServerConfig.js"
 import * as Url from "./internal/Url.js"
 import * as Sweeper from "./Sweeper.js"
@@ -31,13 +35,20 @@ const metricsRoute = Effect.gen(function* () {
   return HttpServerResponse.text(text, { contentType: m.contentType })
 })
 
-const healthRoute = Effect.succeed(HttpServerResponse.unsafeJson({ ok: true }))
+/** GET /healthz: liveness. The process answers; it checks nothing else, so an orchestrator restarts only a hung process. */
+const healthRoute = Effect.succeed(HttpServerResponse.unsafeJson({ ok: true, status: "alive" }))
+
+/** GET /readyz: readiness. 200 when the database answers, its schema is current and the sweeper runs; else 503, naming the failed check. */
+const readyRoute = Effect.map(Health.readiness, (r) => HttpServerResponse.unsafeJson(r, { status: r.ready ? 200 : 503 }))
 
 /** Every route of the server. */
-export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Settings | Metrics.Metrics> = HttpRouter.concatAll(WorkerRoutes.router, AdminRoutes.router, Dashboard.router).pipe(
-  HttpRouter.get("/metrics", metricsRoute),
-  HttpRouter.get("/healthz", healthRoute)
-)
+export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Operations.Operations | Controls.Controls | Health.Health | Settings | Metrics.Metrics> = HttpRouter.concatAll(
+  WorkerRoutes.router,
+  AdminRoutes.router,
+  OperationsRoutes.router,
+  Dashboard.router,
+  Console.router
+).pipe(HttpRouter.get("/metrics", metricsRoute), HttpRouter.get("/healthz", healthRoute), HttpRouter.get("/readyz", readyRoute))
 
 // Refusals become their JSON body; anything unexpected is logged and answered
 // with a 500 that carries no detail (the log has it).
@@ -68,12 +79,14 @@ const accessLog = HttpMiddleware.make((httpApp) =>
   Effect.gen(function* () {
     const req = yield* HttpServerRequest.HttpServerRequest
     const flight = yield* InFlight
+    const metrics = yield* Metrics.Metrics
     const start = Date.now()
     yield* Ref.update(flight.count, (n) => n + 1)
     return yield* httpApp.pipe(
       Effect.tap((res) =>
         Effect.logInfo("http").pipe(
-          Effect.annotateLogs({ method: req.method, path: Url.parse(req.url).pathname, status: res.status, ms: Date.now() - start })
+          Effect.annotateLogs({ method: req.method, path: Url.parse(req.url).pathname, status: res.status, ms: Date.now() - start }),
+          Effect.zipLeft(Effect.sync(() => metrics.observeRequest(req.method, Url.parse(req.url).pathname, res.status, (Date.now() - start) / 1000)))
         )
       ),
       Effect.ensuring(
@@ -117,8 +130,8 @@ export const logger = (level: ServerConfig["logLevel"]): Layer.Layer<never> =>
   Layer.merge(Logger.json, Logger.minimumLogLevel(logLevels[level]))
 
 /**
- * The running server as a layer, over any `Store`: the Worker API, the admin
- * API, the dashboard, `/metrics`, and the expiry sweeper. Releasing the layer
+ * The running server as a layer, over any `Store` with its operator port: the Worker API, the
+ * admin and operator APIs, the dashboard, `/metrics`, `/healthz`, `/readyz`, and the expiry sweeper. Releasing the layer
  * shuts down gracefully: the listener stops accepting, requests in flight
  * finish, the sweeper stops; the store (provided by the caller) closes after.
  * The layer also provides the Store it serves (wrapped to count metrics), so
@@ -127,7 +140,9 @@ export const logger = (level: ServerConfig["logLevel"]): Layer.Layer<never> =>
  * @example
  * const live = Server.layer(ServerConfig.make({ adminToken, port: 0 })).pipe(Layer.provide(MemoryStore.layer))
  */
-export const layer = (config: ServerConfig): Layer.Layer<Info | Metrics.Metrics | Store.Store | Settings, ServeError, Store.Store> => {
+export const layer = (
+  config: ServerConfig
+): Layer.Layer<Info | Metrics.Metrics | Store.Store | Operations.Operations | Settings, ServeError, Store.Store | Operations.Operations> => {
   const listener = NodeHttpServer.layer(() => createServer({ keepAliveTimeout: 5000, requestTimeout: 60_000 }), { host: config.host, port: config.port })
   const info = Layer.effect(
     Info,
@@ -142,7 +157,10 @@ export const layer = (config: ServerConfig): Layer.Layer<Info | Metrics.Metrics 
   )
   const serve = HttpServer.serve(app, accessLog)
   const running = Layer.mergeAll(serve, info).pipe(Layer.provide(listener), Layer.provide(drain))
-  return Layer.mergeAll(running, Sweeper.layer(config.sweepIntervalMs)).pipe(
+  // The operator port passes through, so co-located fibers (discovery's leases) use the same one.
+  const operations = Layer.effect(Operations.Operations, Operations.Operations)
+  return Layer.mergeAll(running, Sweeper.layer(config.sweepIntervalMs), operations).pipe(
+    Layer.provide(Layer.merge(Health.layer(config.sweepIntervalMs), Controls.layer)),
     Layer.provideMerge(Layer.succeed(Settings, config)),
     Layer.provideMerge(Metrics.layer),
     Layer.provide(logger(config.logLevel))

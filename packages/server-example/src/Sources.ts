@@ -38,7 +38,9 @@ export const SourcesFileSchema = z
     /** Minutes between two cycles of one source (default 5). */
     intervalMinutes: z.number().min(0.05).max(1440).optional(),
     /** Hard limits of every cycle (default 3 pages, 300 results). */
-    limits: Limits.optional()
+    limits: Limits.optional(),
+    /** The discovery lease period in seconds (default 30): with several server instances, a dead leader is replaced this long (plus a tenth) after its last renewal. */
+    leaseSeconds: z.number().min(0.5).max(3600).optional()
   })
   .strict()
 
@@ -66,6 +68,9 @@ export const load = (file: string): SourcesFile => {
 
 // Only the settings given are passed on, so each client keeps its own defaults for the rest.
 const given = <A extends object>(a: A): Partial<A> => Object.fromEntries(Object.entries(a).filter(([, v]) => v !== undefined && v !== "")) as Partial<A>
+
+/** The discovery lease options a sources file sets. */
+export const lease = (s: SourcesFile): Scheduler.LeaseOptions => ({ leaseMs: Math.round((s.leaseSeconds ?? 30) * 1000) })
 
 /** One schedule per source named in the file, with its token from the environment. */
 export const schedules = (s: SourcesFile, env: Record<string, string | undefined>) =>

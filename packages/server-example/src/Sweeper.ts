@@ -1,6 +1,7 @@
-import { type Assignment, type Errors, Store } from "@scanfleet/core"
+import { type Assignment, type Errors, Operations, Retry, Source, Store } from "@scanfleet/core"
 import { Clock, Duration, Effect, Layer, Schedule } from "effect"
 import type { ApiError } from "./ApiError.js"
+import * as Health from "./Health.js"
 import * as Managed from "./internal/Managed.js"
 
 /** Reservations expired per sweep at most; the next sweep takes the rest. */
@@ -10,9 +11,10 @@ export const batchLimit = 500
  * One sweep: every active reservation past its immutable assignment expiry
  * becomes expired, keeping the last accepted phase and last progress time as
  * evidence; its target goes back to pending, or to failed after
- * `expiry.maxAttempts` claims.
+ * `expiry.maxAttempts` claims at its revision. Then each source's failed and unresolved
+ * targets due by its failure backoff (or seen at a newer revision) are redriven to pending.
  */
-export const sweepOnce: Effect.Effect<ReadonlyArray<Assignment.Assignment>, ApiError | Errors.StoreError, Store.Store> = Effect.gen(function* () {
+export const sweepOnce: Effect.Effect<ReadonlyArray<Assignment.Assignment>, ApiError | Errors.StoreError, Store.Store | Operations.Operations | Health.Health> = Effect.gen(function* () {
   const store = yield* Store.Store
   const { document } = yield* Managed.current
   const now = yield* Clock.currentTimeMillis
@@ -29,11 +31,20 @@ export const sweepOnce: Effect.Effect<ReadonlyArray<Assignment.Assignment>, ApiE
         lastProgressAt: a.expiry?.lastProgressAt ? new Date(a.expiry.lastProgressAt).toISOString() : null
       })
     )
+  const ops = yield* Operations.Operations
+  for (const source of Source.sources) {
+    const r = yield* ops.redriveDue(source, Retry.backoffOf(document, source), now, batchLimit)
+    if (r.redriven.length > 0)
+      yield* Effect.logInfo("failed targets redriven").pipe(
+        Effect.annotateLogs({ source, count: r.redriven.length, newerRevision: r.redriven.filter((x) => x.reason === "newer_revision").length })
+      )
+  }
+  yield* Health.markSwept(now)
   return expired
 })
 
 /** The sweeper fiber, every `intervalMs`, for the lifetime of the layer. A failed sweep is logged and retried on the next tick. */
-export const layer = (intervalMs: number): Layer.Layer<never, never, Store.Store> =>
+export const layer = (intervalMs: number): Layer.Layer<never, never, Store.Store | Operations.Operations | Health.Health> =>
   Layer.scopedDiscard(
     Effect.forkScoped(
       sweepOnce.pipe(

@@ -1,5 +1,5 @@
 import { HttpRouter, HttpServerResponse } from "@effect/platform"
-import { Store, WorkerApi } from "@scanfleet/core"
+import { type Errors, Operations, Store, WorkerApi } from "@scanfleet/core"
 import { Clock, Effect } from "effect"
 import {
   ApiError,
@@ -10,12 +10,30 @@ import {
   fromStoreError
 } from "./ApiError.js"
 import * as Auth from "./Auth.js"
+import * as Controls from "./Controls.js"
 import * as Managed from "./internal/Managed.js"
 import * as Request from "./internal/Request.js"
 import { Settings } from "./ServerConfig.js"
 import * as Views from "./Views.js"
 
 const ok = (body: unknown, status = 200) => HttpServerResponse.unsafeJson(body, { status })
+
+// A reservation an operator cancelled is refused as `reservation_refused:cancelled`, with who and why,
+// so the device knows to kill the unit rather than retry.
+const refused = (e: Errors.ReservationRefused) =>
+  e.reason !== "not_active"
+    ? Effect.fail(fromReservationRefused(e))
+    : Effect.flatMap(Effect.flatMap(Operations.Operations, (ops) => Effect.orElseSucceed(ops.cancellation(e.reservationId), () => null)), (c) =>
+        Effect.fail(
+          c === null
+            ? fromReservationRefused(e)
+            : new ApiError({
+                status: 403,
+                error: "reservation_refused:cancelled",
+                message: `reservation ${e.reservationId} was cancelled by ${c.who} at ${new Date(c.at).toISOString()}: ${c.why}; stop its scan`
+              })
+        )
+      )
 
 // The reservation must exist (404) and belong to the caller (403) before any write is tried.
 const owned = (reservationId: number, deviceId: number) =>
@@ -43,8 +61,9 @@ const claim = Effect.gen(function* () {
   const store = yield* Store.Store
   const { document } = yield* Managed.current
   const now = yield* Clock.currentTimeMillis
+  const sources = yield* Effect.flatMap(Controls.Controls, (c) => c.claimable(device.id, undefined))
   const a = yield* store
-    .claim({ deviceId: device.id, slot: req.slot, now, config: document })
+    .claim({ deviceId: device.id, slot: req.slot, now, config: document, ...(sources === undefined ? {} : { sources }) })
     .pipe(Effect.catchTags({ ClaimRejected: (e) => Effect.fail(fromClaimRejected(e)), StoreError: (e) => Effect.fail(fromStoreError(e)) }))
   const fleet = yield* store.fleet().pipe(Effect.mapError(fromStoreError))
   if (a) yield* Effect.logInfo("assignment issued").pipe(Effect.annotateLogs({ reservationId: a.reservationId, deviceId: device.id, slot: a.slot, source: a.source, policyOrigin: a.policy.origin, expiresAt: a.expiresAt }))
@@ -62,7 +81,7 @@ const progress = Effect.gen(function* () {
   const now = yield* Clock.currentTimeMillis
   const r = yield* store.appendProgress({ deviceId: device.id, reservationId: id, fence: req.fence, now }, req.events).pipe(
     Effect.catchTags({
-      ReservationRefused: (e) => Effect.fail(fromReservationRefused(e)),
+      ReservationRefused: refused,
       ProgressRejected: (e) => Effect.fail(fromProgressRejected(e, Math.max(0, req.events.findIndex((x) => x.seq === e.seq)))),
       StoreError: (e) => Effect.fail(fromStoreError(e))
     })
@@ -83,7 +102,7 @@ const result = Effect.gen(function* () {
   const now = yield* Clock.currentTimeMillis
   const receipt = yield* store
     .submitResult({ deviceId: device.id, reservationId: id, fence: req.fence, now, outcome: req.outcome, finalPhase: req.finalPhase, body: JSON.stringify({ findings: req.findings, log: req.log }) })
-    .pipe(Effect.catchTags({ ReservationRefused: (e) => Effect.fail(fromReservationRefused(e)), StoreError: (e) => Effect.fail(fromStoreError(e)) }))
+    .pipe(Effect.catchTags({ ReservationRefused: refused, StoreError: (e) => Effect.fail(fromStoreError(e)) }))
   yield* Effect.logInfo("result accepted").pipe(Effect.annotateLogs({ reservationId: id, deviceId: device.id, outcome: receipt.outcome, finalPhase: req.finalPhase, findings: req.findings.length }))
   return ok(receipt)
 })
@@ -99,7 +118,7 @@ const release = Effect.gen(function* () {
   const now = yield* Clock.currentTimeMillis
   const a = yield* store
     .release({ deviceId: device.id, reservationId: id, fence: req.fence, now })
-    .pipe(Effect.catchTags({ ReservationRefused: (e) => Effect.fail(fromReservationRefused(e)), StoreError: (e) => Effect.fail(fromStoreError(e)) }))
+    .pipe(Effect.catchTags({ ReservationRefused: refused, StoreError: (e) => Effect.fail(fromStoreError(e)) }))
   const fleet = yield* store.fleet().pipe(Effect.mapError(fromStoreError))
   return ok(Views.assignment(a, now, fleet.id))
 })
@@ -134,7 +153,7 @@ const register = Effect.gen(function* () {
 })
 
 /** The Worker API routes. */
-export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Settings> = HttpRouter.empty.pipe(
+export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Operations.Operations | Controls.Controls | Settings> = HttpRouter.empty.pipe(
   HttpRouter.post("/v1/device/register", register),
   HttpRouter.post("/v1/assignments/claim", claim),
   HttpRouter.post("/v1/assignments/:id/progress", progress),

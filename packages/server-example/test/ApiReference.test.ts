@@ -1,4 +1,4 @@
-import { WorkerApi } from "@scanfleet/core"
+import { AdminApi, WorkerApi } from "@scanfleet/core"
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
@@ -22,14 +22,14 @@ describe("docs/api", () => {
   })
 
   it("documents every route the server serves, and only those", () => {
-    const documented = [...ApiReference.worker, ...ApiReference.admin, ...ApiReference.other].map((e) => `${e.method} ${e.path}`).sort()
+    const documented = [...ApiReference.worker, ...ApiReference.admin, ...ApiReference.operations, ...ApiReference.other].map((e) => `${e.method} ${e.path}`).sort()
     const served = [...Server.router.routes].map((r) => `${r.method === "DELETE" ? "DELETE" : r.method} ${r.path}`).sort()
     expect(documented).toEqual(served)
   })
 
-  it("every documented schema is one exported by core's WorkerApi contract", () => {
-    const contract = new Set<unknown>(Object.values(WorkerApi))
-    for (const e of [...ApiReference.worker, ...ApiReference.admin]) {
+  it("every documented schema is one exported by core's WorkerApi and AdminApi contracts", () => {
+    const contract = new Set<unknown>([...Object.values(WorkerApi), ...Object.values(AdminApi)])
+    for (const e of [...ApiReference.worker, ...ApiReference.admin, ...ApiReference.operations]) {
       if (e.body) expect(contract.has(e.body), `${e.method} ${e.path} body`).toBe(true)
       if (e.query && e.path !== "/v1/admin/targets" && e.path !== "/v1/admin/summary") expect(contract.has(e.query), `${e.method} ${e.path} query`).toBe(true)
     }

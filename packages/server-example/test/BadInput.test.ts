@@ -1,3 +1,4 @@
+import { Operations } from "@scanfleet/core"
 import { Effect } from "effect"
 import fc from "fast-check"
 import { request } from "node:http"
@@ -33,7 +34,13 @@ const paths = fc.constantFrom(
   "/v1/assignments/1/result",
   "/v1/assignments/1/release",
   "/v1/admin/config/preview",
-  "/v1/admin/config/apply"
+  "/v1/admin/config/apply",
+  "/v1/admin/targets",
+  "/v1/admin/targets/requeue",
+  "/v1/admin/assignments/1/cancel",
+  "/v1/admin/sources/github/pause",
+  "/v1/admin/sources/github/resume",
+  "/v1/admin/devices/1/sources"
 )
 
 describe("generated bad input", () => {
@@ -51,8 +58,9 @@ describe("generated bad input", () => {
 
   const snapshot = async () => {
     const st = s.store
+    const ops = await s.run(Operations.Operations)
     return s.run(
-      Effect.all([st.countTargets(), st.listAssignments({ limit: 100 }), st.timeline(1), st.activeConfig(), st.listCycles({ limit: 10 })]).pipe(Effect.orDie)
+      Effect.all([st.countTargets(), st.listAssignments({ limit: 100 }), st.timeline(1), st.activeConfig(), st.listCycles({ limit: 10 }), ops.sourceControls(), ops.listAudit({ limit: 10 }), ops.deviceFilters()]).pipe(Effect.orDie)
     )
   }
 
@@ -86,7 +94,7 @@ describe("generated bad input", () => {
         r.on("error", reject)
         r.end()
       })
-    const targets = ["//", "//x/y", "/%", "/v1/assignments/%ZZ", "/v1/assignments/1%00", "/v1/assignments/99999999999999999999", "/?token=%ZZ", "/v1/admin/assignments?state=%ZZ", "/v1/admin/percentiles?windowHours=1e400", "/v1/admin/percentiles?windowHours=2&windowHours=3", "/v1/admin/cycles?limit=0"]
+    const targets = ["//", "//x/y", "/%", "/v1/assignments/%ZZ", "/v1/assignments/1%00", "/v1/assignments/99999999999999999999", "/?token=%ZZ", "/v1/admin/assignments?state=%ZZ", "/v1/admin/percentiles?windowHours=1e400", "/v1/admin/percentiles?windowHours=2&windowHours=3", "/v1/admin/cycles?limit=0", "/v1/admin/targets/search?after=%ZZ", "/v1/admin/targets/inspect?source=github&identity=%00", "/v1/admin/audit?before=1e400", "/v1/admin/sources/%ZZ/pause"]
     for (const path of targets)
       for (const headers of [{ authorization: `Bearer ${token}` }, { authorization: `Bearer ${adminToken}`, cookie: "scanfleet_admin=%ZZ; ;=" }, { authorization: "Basic Zm9vOmJhcg==" }] as Array<Record<string, string>>) {
         const status = await raw(path, headers)

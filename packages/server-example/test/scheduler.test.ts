@@ -1,8 +1,8 @@
 import { NodeHttpClient } from "@effect/platform-node"
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Layer } from "effect"
+import { Context, Effect, Layer } from "effect"
 import { FakeSources, GitHub, GitLab } from "@scanfleet/adapters"
-import { MemoryStore, Store } from "@scanfleet/core"
+import { MemoryOperations, MemoryStore, Operations, Store } from "@scanfleet/core"
 import * as Scheduler from "../src/Scheduler.js"
 
 const quiet = <A, E, R>(self: Effect.Effect<A, E, R>) =>
@@ -26,6 +26,9 @@ const fixture = (delayMs: number) =>
 
 const limits = { maxPages: 10, maxResults: 1000 }
 
+// One memory store and its operator port over the same state, as one process's server would have them.
+const withOps = (store: Store.StoreShape) => Context.make(Store.Store, store).pipe(Context.add(Operations.Operations, MemoryOperations.make(store)))
+
 describe("discovery scheduler", () => {
   it.scopedLive("two cycles of one source never overlap in one process; different sources run side by side", () =>
     Effect.gen(function* () {
@@ -34,7 +37,7 @@ describe("discovery scheduler", () => {
       const scheduler = yield* Scheduler.make([
         { client: github, intervalMs: 60_000, jitterMs: 0, limits },
         { client: gitlab, intervalMs: 60_000, jitterMs: 0, limits }
-      ]).pipe(Effect.provideService(Store.Store, store))
+      ]).pipe(Effect.provide(withOps(store)))
       const [a, b, g] = yield* quiet(Effect.all([scheduler.runNow("github"), scheduler.runNow("github"), scheduler.runNow("gitlab")], { concurrency: "unbounded" }))
       const [first, second] = a.startedAt <= b.startedAt ? [a, b] : [b, a]
       expect(second.startedAt).toBeGreaterThanOrEqual(first.endedAt)
@@ -49,7 +52,7 @@ describe("discovery scheduler", () => {
   it.scopedLive("a manual run is skipped while a cycle of that source is in flight", () =>
     Effect.gen(function* () {
       const { github } = yield* fixture(100)
-      const scheduler = yield* Scheduler.make([{ client: github, intervalMs: 60_000, jitterMs: 0, limits }]).pipe(Effect.provideService(Store.Store, MemoryStore.make()))
+      const scheduler = yield* Scheduler.make([{ client: github, intervalMs: 60_000, jitterMs: 0, limits }]).pipe(Effect.provide(withOps(MemoryStore.make())))
       const [ran, skipped] = yield* quiet(
         Effect.all([scheduler.tryRunNow("github"), Effect.sleep("20 millis").pipe(Effect.zipRight(scheduler.tryRunNow("github")))], { concurrency: 2 })
       )
@@ -67,7 +70,7 @@ describe("discovery scheduler", () => {
       for (let i = 0; i < 3; i++) fakes.github.inject({ kind: "status", status: 400 }, { after: 2 })
       const intervalMs = 80
       const jitterMs = 40
-      yield* Layer.build(Scheduler.layer([{ client: github, intervalMs, jitterMs, limits }]).pipe(Layer.provide(Layer.succeed(Store.Store, store)))).pipe(quiet)
+      yield* Layer.build(Scheduler.layer([{ client: github, intervalMs, jitterMs, limits }]).pipe(Layer.provide(Layer.succeedContext(withOps(store))))).pipe(quiet)
       yield* Effect.sleep("1500 millis")
       const cycles = [...(yield* store.listCycles({ source: "github", limit: 100 }))].reverse()
       expect(cycles.length).toBeGreaterThanOrEqual(3)
@@ -77,6 +80,27 @@ describe("discovery scheduler", () => {
         const gap = cycles[i].startedAt - cycles[i - 1].endedAt
         expect(gap).toBeGreaterThanOrEqual(intervalMs - 2)
       }
+    })
+  )
+
+  it.scopedLive("a paused source runs no cycle; two instances on one store: only the lease holder runs cycles, and the other takes over once it lets go", () =>
+    Effect.gen(function* () {
+      const { github } = yield* fixture(0)
+      const ctx = withOps(MemoryStore.make())
+      const ops = Context.get(ctx, Operations.Operations)
+      const store = Context.get(ctx, Store.Store)
+      const one = yield* Scheduler.make([{ client: github, intervalMs: 60_000, jitterMs: 0, limits }], { leaseMs: 10_000, holder: "one" }).pipe(Effect.provide(ctx))
+      const two = yield* Scheduler.make([{ client: github, intervalMs: 60_000, jitterMs: 0, limits }], { leaseMs: 10_000, holder: "two" }).pipe(Effect.provide(ctx))
+      yield* ops.setPaused("github", true, { who: "op", why: "quota", now: Date.now() })
+      expect(yield* Effect.flip(one.runNow("github"))).toMatchObject({ _tag: "Skipped", reason: "paused" })
+      expect(yield* one.tryRunNow("github")).toBeNull()
+      yield* ops.setPaused("github", false, { who: "op", why: "quota back", now: Date.now() })
+      expect((yield* quiet(one.runNow("github"))).pages).toBeGreaterThan(0)
+      expect(yield* Effect.flip(two.runNow("github"))).toMatchObject({ _tag: "Skipped", reason: "not_leader" })
+      expect((yield* store.listCycles({ limit: 10 })).length).toBe(1)
+      yield* one.releaseLeases
+      expect((yield* quiet(two.runNow("github"))).source).toBe("github")
+      expect(yield* Effect.flip(one.runNow("github"))).toMatchObject({ _tag: "Skipped", reason: "not_leader" })
     })
   )
 })

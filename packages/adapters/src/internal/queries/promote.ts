@@ -61,7 +61,7 @@ export const pg = (sql: SqlClient.SqlClient, source: Source.Source, rule: Store.
         LIMIT ${budget}
         FOR UPDATE SKIP LOCKED
       ), moved AS (
-        UPDATE targets t SET status = 'pending', fence = t.fence + 1
+        UPDATE targets t SET status = 'pending', fence = t.fence + 1, attempts = 0 -- a fresh expiry budget (core's Retry)
         FROM picked p
         WHERE t.id = p.id AND t.status = 'completed' AND t.fence = p.fence
         RETURNING t.identity, t.id, COALESCE(t.last_scan_started_at, t.completed_at, 0) AS basis
@@ -85,7 +85,7 @@ export const sqlite = (sql: SqlClient.SqlClient, source: Source.Source, rule: St
         SELECT 1 FROM targets WHERE ${eligible(sql, source, rule.cooldownMs, now)}${cap === null ? sql.literal("") : sql` LIMIT ${cap}`}
       )`
     const moved = yield* sql<Moved>`
-      UPDATE targets SET status = 'pending', fence = fence + 1
+      UPDATE targets SET status = 'pending', fence = fence + 1, attempts = 0 -- a fresh expiry budget (core's Retry)
       WHERE status = 'completed' AND id IN (
         SELECT id FROM targets
         WHERE ${eligible(sql, source, rule.cooldownMs, now)}

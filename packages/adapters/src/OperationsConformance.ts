@@ -1,0 +1,470 @@
+import { describe, expect, it } from "@effect/vitest"
+import { Context, Effect, Either, Exit, Layer, Scope } from "effect"
+import * as fc from "effect/FastCheck"
+import { type Assignment, Config, MemoryStore, Operations, Retry, type Source, Store } from "@scanfleet/core"
+
+/** What an operations backend can be asked to prove beyond the common behaviour. */
+export interface OperationsCapabilities {
+  /** Several connections really run at once (Postgres): the racing tests run. */
+  readonly concurrency: boolean
+  /** Random command sequences compared with core's model (default 8 runs). */
+  readonly modelRuns?: number
+}
+
+/** Builds a fresh, empty Store with its operator port for one test. */
+export type MakeOperations = () => Layer.Layer<Store.Store | Operations.Operations, unknown>
+
+type S = Store.StoreShape
+type O = Operations.OperationsShape
+
+const T0 = Date.UTC(2025, 0, 1)
+const MIN = 60_000
+const HOUR = 60 * MIN
+const DAY = 24 * HOUR
+const config = Config.defaults
+const backoff = { initialSeconds: 60, maxSeconds: 240, maxRedrives: 2 }
+const who = (now: number, why = "checking"): Operations.Actor => ({ who: "admin", why, now })
+const obs = (source: Source.Source, identity: string, remoteAt: number | null) => ({ source, identity, remoteAt })
+const auth = (a: Assignment.Assignment, now: number): Store.Authority => ({ deviceId: a.deviceId, reservationId: a.reservationId, fence: a.fence, now })
+const claimed = (s: S, deviceId: number, slot: number, now: number) =>
+  Effect.flatMap(s.claim({ deviceId, slot, now, config }), (a) => (a === null ? Effect.dieMessage("expected a pending target to claim") : Effect.succeed(a)))
+const finish = (s: S, a: Assignment.Assignment, now: number, outcome: Assignment.Outcome = "clean") =>
+  s.submitResult({ ...auth(a, now), outcome, finalPhase: "awaiting_receipt", body: "{}" })
+const failure = <A, E>(self: Effect.Effect<A, E>) => Effect.flip(self) as Effect.Effect<E & { readonly _tag: string; readonly reason?: string }, A>
+
+/**
+ * The conformance suite of the operator port (with the Store it shares its tables with):
+ * retries per revision and the failure backoff, target listing and inspection, requeue,
+ * cancellation, paused sources, device filters and revocation, the audit log, leases, races
+ * when the backend has real concurrency, and a model-based comparison with core's model.
+ *
+ * @example
+ * operationsConformance("my store", () => MyStore.layer(settings), { concurrency: true })
+ */
+export const operationsConformance = (name: string, make: MakeOperations, capabilities: OperationsCapabilities) =>
+  describe(`Operations conformance: ${name}`, () => {
+    const test = <A, E>(title: string, body: (s: S, o: O) => Effect.Effect<A, E>, timeout?: number) =>
+      it.live(title, () => Effect.flatMap(Effect.all([Store.Store, Operations.Operations]), ([s, o]) => body(s, o)).pipe(Effect.provide(make())), timeout)
+
+    describe("retries per revision", () => {
+      test("a promotion starts a fresh retry budget: a target rescanned twice for updates still gets every attempt at its third scan", (s) =>
+        Effect.gen(function* () {
+          const d = yield* s.addDevice({ name: "d", slots: 1, tokenHash: "h", now: T0 })
+          yield* s.recordObservations([obs("github", "o/r", T0 - DAY)], T0)
+          let now = T0
+          for (let scan = 1; scan <= 2; scan++) {
+            yield* Effect.flatMap(claimed(s, d.id, 0, now), (a) => finish(s, a, now + MIN))
+            now += 2 * DAY
+            yield* s.recordObservations([obs("github", "o/r", now - HOUR)], now)
+            expect((yield* s.promote("github", { budget: 10, cooldownMs: DAY }, now)).promoted).toEqual(["o/r"])
+          }
+          // the third scan: maxAttempts - 1 expiries re-queue it, the last one fails it
+          for (let attempt = 1; attempt <= config.expiry.maxAttempts; attempt++) {
+            const a = yield* claimed(s, d.id, 0, now)
+            now = a.expiresAt
+            yield* s.expireDue({ now, maxAttempts: config.expiry.maxAttempts, limit: 10 })
+            expect((yield* s.getTarget("github", "o/r")).status).toBe(attempt < config.expiry.maxAttempts ? "pending" : "failed")
+          }
+        }))
+
+      test("a failed target is redriven after its backoff, at most maxRedrives times at one revision, each with a fresh expiry budget", (s, o) =>
+        Effect.gen(function* () {
+          const d = yield* s.addDevice({ name: "d", slots: 1, tokenHash: "h", now: T0 })
+          yield* s.recordObservations([obs("gitlab", "g/p", T0 - DAY)], T0)
+          let now = T0
+          for (let n = 0; n < backoff.maxRedrives; n++) {
+            const a = yield* claimed(s, d.id, 0, now)
+            const endedAt = now + MIN
+            yield* finish(s, a, endedAt, "scan_error")
+            const due = endedAt + Retry.delayMs(backoff, n)
+            expect(yield* o.redriveDue("gitlab", backoff, due - 1, 10)).toEqual({ redriven: [], planned: 1 })
+            expect((yield* s.getTarget("gitlab", "g/p")).status).toBe("failed")
+            expect(yield* o.redriveDue("gitlab", backoff, due, 10)).toEqual({ redriven: [{ identity: "g/p", reason: "backoff" }], planned: 0 })
+            expect(yield* s.getTarget("gitlab", "g/p")).toMatchObject({ status: "pending", attempts: 0 })
+            now = due
+          }
+          const a = yield* claimed(s, d.id, 0, now)
+          yield* finish(s, a, now + MIN, "unsupported")
+          expect((yield* s.getTarget("gitlab", "g/p")).status).toBe("unresolved")
+          expect(yield* o.redriveDue("gitlab", backoff, now + 365 * DAY, 10)).toEqual({ redriven: [], planned: 1 })
+          const [t] = (yield* o.listTargets({ source: "gitlab", limit: 10 })).targets
+          expect(t.redrive).toMatchObject({ redrives: backoff.maxRedrives, retryAt: null })
+          // a newer revision redrives it at once, with a fresh count
+          yield* s.recordObservations([obs("gitlab", "g/p", T0)], now + 2 * MIN)
+          expect(yield* o.redriveDue("gitlab", backoff, now + 2 * MIN, 10)).toEqual({ redriven: [{ identity: "g/p", reason: "newer_revision" }], planned: 0 })
+          const b = yield* claimed(s, d.id, 0, now + 3 * MIN)
+          expect(b.coveredRemoteAt).toBe(T0)
+          yield* finish(s, b, now + 4 * MIN, "scan_error")
+          yield* o.redriveDue("gitlab", backoff, now + 4 * MIN, 10)
+          const [u] = (yield* o.listTargets({ source: "gitlab", limit: 10 })).targets
+          expect(u.redrive.retryAt).toBe(now + 4 * MIN + Retry.delayMs(backoff, 0))
+        }))
+
+      test("an expired-out target is redriven by backoff too, due from its last expiry; redrives take the limit in due order", (s, o) =>
+        Effect.gen(function* () {
+          const d = yield* s.addDevice({ name: "d", slots: 2, tokenHash: "h", now: T0 })
+          yield* s.recordObservations([obs("dockerhub", "x@sha256:1", null), obs("dockerhub", "y@sha256:2", null)], T0)
+          const a = yield* claimed(s, d.id, 0, T0)
+          const b = yield* claimed(s, d.id, 1, T0 + MIN)
+          yield* s.expireDue({ now: b.expiresAt, maxAttempts: 1, limit: 10 })
+          expect((yield* s.countTargets()).find((c) => c.status === "failed")?.count).toBe(2)
+          expect((yield* o.redriveDue("dockerhub", backoff, b.expiresAt, 0)).planned).toBe(2)
+          const r = yield* o.redriveDue("dockerhub", backoff, b.expiresAt + Retry.delayMs(backoff, 0), 1)
+          expect(r.redriven).toEqual([{ identity: a.identity, reason: "backoff" }])
+        }))
+    })
+
+    describe("targets", () => {
+      test("listing filters by source, status, identity prefix and change time, and pages by id with a cursor", (s, o) =>
+        Effect.gen(function* () {
+          yield* s.recordObservations([obs("github", "acme/a", null), obs("github", "acme/b", null), obs("github", "other/c", null), obs("gitlab", "acme/d", null)], T0)
+          yield* s.recordObservations([obs("github", "acme/e", null)], T0 + HOUR)
+          const ids = (p: Operations.TargetPage) => p.targets.map((t) => t.identity)
+          const p1 = yield* o.listTargets({ source: "github", identityPrefix: "acme/", limit: 2 })
+          expect(ids(p1)).toEqual(["acme/a", "acme/b"])
+          expect(p1.next).toBe(p1.targets[1].id)
+          const p2 = yield* o.listTargets({ source: "github", identityPrefix: "acme/", limit: 2, after: p1.next! })
+          expect(ids(p2)).toEqual(["acme/e"])
+          expect(p2.next).toBeNull()
+          expect(ids(yield* o.listTargets({ changedSince: T0 + 1, limit: 10 }))).toEqual(["acme/e"])
+          expect(ids(yield* o.listTargets({ status: "completed", limit: 10 }))).toEqual([])
+          expect(ids(yield* o.listTargets({ identityPrefix: "%", limit: 10 }))).toEqual([])
+          expect(ids(yield* o.listTargets({ identityPrefix: "acme/_", limit: 10 }))).toEqual([])
+          expect((yield* o.listTargets({ limit: 0 })).targets).toEqual([])
+        }))
+
+      test("inspection shows every lifecycle field and each assignment with its timeline, expiry evidence and cancellation", (s, o) =>
+        Effect.gen(function* () {
+          const d = yield* s.addDevice({ name: "d", slots: 1, tokenHash: "h", now: T0 })
+          yield* s.recordObservations([obs("github", "o/r", T0 - DAY)], T0)
+          const a = yield* claimed(s, d.id, 0, T0)
+          yield* s.appendProgress(auth(a, T0 + MIN), [{ seq: 1, kind: "phase", phase: "assigned", at: T0 + MIN }])
+          yield* s.expireDue({ now: a.expiresAt, maxAttempts: 3, limit: 10 })
+          const b = yield* claimed(s, d.id, 0, a.expiresAt)
+          yield* o.cancel(b.reservationId, who(a.expiresAt + MIN, "stuck"))
+          const i = yield* o.inspectTarget("github", "o/r", 10)
+          expect(i.target).toMatchObject({ identity: "o/r", status: "pending", attempts: 2, fence: 4, coveredRemoteAt: T0 - DAY, observedRemoteAt: T0 - DAY, lastScanStartedAt: a.expiresAt })
+          expect(i.target.changedAt).toBe(a.expiresAt + MIN)
+          expect(i.assignments.map((x) => [x.assignment.reservationId, x.assignment.state])).toEqual([
+            [b.reservationId, "released"],
+            [a.reservationId, "expired"]
+          ])
+          expect(i.assignments[0].cancellation).toEqual({ reservationId: b.reservationId, at: a.expiresAt + MIN, who: "admin", why: "stuck" })
+          expect(i.assignments[1].assignment.expiry).toEqual({ lastPhase: "assigned", lastProgressAt: T0 + MIN, expiredAt: a.expiresAt })
+          expect(i.assignments[1].timeline.map((e) => [e.seq, e.phase, e.acceptedAt])).toEqual([[1, "assigned", T0 + MIN]])
+          expect((yield* o.inspectTarget("github", "o/r", 1)).assignments).toHaveLength(1)
+          expect(yield* failure(o.inspectTarget("github", "nope", 10))).toMatchObject({ _tag: "NotFound", entity: "target" })
+        }))
+
+      test("requeue puts a finished target back to pending with fresh budgets, refuses one in flight or pending, and is audited", (s, o) =>
+        Effect.gen(function* () {
+          const d = yield* s.addDevice({ name: "d", slots: 1, tokenHash: "h", now: T0 })
+          yield* s.recordObservations([obs("github", "o/r", null)], T0)
+          expect(yield* failure(o.requeue("github", "o/r", who(T0)))).toMatchObject({ _tag: "OperationRefused", reason: "already_pending" })
+          const a = yield* claimed(s, d.id, 0, T0)
+          expect(yield* failure(o.requeue("github", "o/r", who(T0)))).toMatchObject({ _tag: "OperationRefused", reason: "in_progress" })
+          yield* finish(s, a, T0 + MIN, "scan_error")
+          yield* o.redriveDue("github", backoff, T0 + MIN, 0)
+          const t = yield* o.requeue("github", "o/r", who(T0 + 2 * MIN, "scanner fixed"))
+          expect(t).toMatchObject({ status: "pending", attempts: 0, fence: a.fence + 1, redrive: Retry.initialState })
+          expect(yield* s.getTarget("github", "o/r")).toMatchObject({ status: "pending", fence: a.fence + 1, attempts: 0 })
+          expect(yield* failure(o.requeue("github", "missing", who(T0)))).toMatchObject({ _tag: "NotFound" })
+          expect(yield* o.schemaVersion()).toSatisfy((v: number | null) => v === null || v >= 8)
+          const [e] = yield* o.listAudit({ limit: 10 })
+          expect(e).toMatchObject({ at: T0 + 2 * MIN, who: "admin", action: "requeue", subject: "github:o/r", why: "scanner fixed" })
+          expect(JSON.parse(e.detail)).toEqual({ from: "failed" })
+        }))
+    })
+
+    describe("assignments and devices", () => {
+      test("cancelling an active assignment fences it: the device's next write is refused, the target is pending again", (s, o) =>
+        Effect.gen(function* () {
+          const d = yield* s.addDevice({ name: "d", slots: 1, tokenHash: "h", now: T0 })
+          yield* s.recordObservations([obs("github", "o/r", null)], T0)
+          const a = yield* claimed(s, d.id, 0, T0)
+          const c = yield* o.cancel(a.reservationId, who(T0 + MIN, "runaway"))
+          expect(c).toMatchObject({ reservationId: a.reservationId, state: "released", endedAt: T0 + MIN })
+          expect(yield* failure(finish(s, a, T0 + 2 * MIN))).toMatchObject({ _tag: "ReservationRefused", reason: "not_active" })
+          expect(yield* failure(s.appendProgress(auth(a, T0 + 2 * MIN), [{ seq: 1, kind: "phase", phase: "assigned", at: T0 }]))).toMatchObject({ reason: "not_active" })
+          expect(yield* s.getTarget("github", "o/r")).toMatchObject({ status: "pending", fence: a.fence + 1 })
+          expect(yield* o.cancellation(a.reservationId)).toEqual({ reservationId: a.reservationId, at: T0 + MIN, who: "admin", why: "runaway" })
+          expect(yield* o.cancellation(a.reservationId + 100)).toBeNull()
+          expect(yield* failure(o.cancel(a.reservationId, who(T0)))).toMatchObject({ _tag: "OperationRefused", reason: "not_active" })
+          expect(yield* failure(o.cancel(9999, who(T0)))).toMatchObject({ _tag: "NotFound", entity: "assignment" })
+          // the slot is free again
+          expect((yield* claimed(s, d.id, 0, T0 + 3 * MIN)).targetId).toBe(a.targetId)
+          expect((yield* o.listAudit({ limit: 10 })).map((e) => e.action)).toEqual(["cancel"])
+        }))
+
+      test("devices are listed with their filter, last contact and active reservations; revocation ends those at once, fenced", (s, o) =>
+        Effect.gen(function* () {
+          const d1 = yield* s.addDevice({ name: "one", slots: 2, tokenHash: "h1", now: T0 })
+          const d2 = yield* s.addDevice({ name: "two", slots: 1, tokenHash: "h2", now: T0 })
+          yield* s.recordObservations([obs("github", "a", null), obs("github", "b", null), obs("gitlab", "c", null)], T0)
+          const a = yield* claimed(s, d1.id, 0, T0 + MIN)
+          const b = yield* claimed(s, d1.id, 1, T0 + 2 * MIN)
+          yield* s.appendProgress(auth(b, T0 + 3 * MIN), [{ seq: 1, kind: "phase", phase: "assigned", at: T0 + 3 * MIN }])
+          const f = yield* o.setDeviceSources(d2.id, ["gitlab"], who(T0))
+          expect(f.sources).toEqual(["gitlab"])
+          expect(yield* o.deviceFilters()).toEqual([{ deviceId: d2.id, sources: ["gitlab"] }])
+          const list = yield* o.listDevices()
+          expect(list.map((d) => [d.id, d.name, d.slots, d.sources, d.lastContactAt, d.active.map((x) => x.reservationId)])).toEqual([
+            [d1.id, "one", 2, null, T0 + 3 * MIN, [a.reservationId, b.reservationId]],
+            [d2.id, "two", 1, ["gitlab"], null, []]
+          ])
+          const ended = yield* o.revokeDevice(d1.id, who(T0 + 4 * MIN, "lost laptop"))
+          expect(ended.map((x) => [x.reservationId, x.state])).toEqual([
+            [a.reservationId, "released"],
+            [b.reservationId, "released"]
+          ])
+          expect(yield* failure(finish(s, b, T0 + 5 * MIN))).toMatchObject({ _tag: "ReservationRefused" })
+          expect((yield* s.countTargets()).find((c) => c.source === "github")).toEqual({ source: "github", status: "pending", count: 2 })
+          expect(yield* failure(s.claim({ deviceId: d1.id, slot: 0, now: T0 + 5 * MIN, config }))).toMatchObject({ reason: "unknown_device" })
+          expect((yield* o.listDevices())[0].revokedAt).toBe(T0 + 4 * MIN)
+          expect((yield* o.setDeviceSources(d2.id, null, who(T0))).sources).toBeNull()
+          expect(yield* o.deviceFilters()).toEqual([])
+          expect(yield* failure(o.revokeDevice(999, who(T0)))).toMatchObject({ _tag: "NotFound", entity: "device" })
+          expect(yield* failure(o.setDeviceSources(999, null, who(T0)))).toMatchObject({ _tag: "NotFound", entity: "device" })
+          expect((yield* o.listAudit({ limit: 10 })).map((e) => [e.action, e.subject])).toEqual([
+            ["set_device_sources", `device:${d2.id}`],
+            ["revoke_device", `device:${d1.id}`],
+            ["set_device_sources", `device:${d2.id}`]
+          ])
+        }))
+
+      test("sources pause and resume, with who, when and why while paused", (_s, o) =>
+        Effect.gen(function* () {
+          expect(yield* o.sourceControls()).toEqual(Operations.unpaused())
+          expect(yield* o.setPaused("gitlab", true, who(T0, "rate limited"))).toEqual({ source: "gitlab", paused: true, pausedAt: T0, pausedBy: "admin", reason: "rate limited" })
+          expect((yield* o.sourceControls()).filter((c) => c.paused).map((c) => c.source)).toEqual(["gitlab"])
+          yield* o.setPaused("gitlab", false, who(T0 + 1))
+          expect(yield* o.sourceControls()).toEqual(Operations.unpaused())
+          expect(Operations.claimable(undefined, ["github", "gitlab"], [{ source: "gitlab", paused: true, pausedAt: 0, pausedBy: "a", reason: "r" }])).toEqual(["github"])
+        }))
+    })
+
+    test("outcomes over time count each ended assignment once, in its bucket, every bucket listed", (s, o) =>
+      Effect.gen(function* () {
+        const d = yield* s.addDevice({ name: "d", slots: 4, tokenHash: "h", now: T0 })
+        yield* s.recordObservations(["a", "b", "c", "e"].map((i) => obs("github", i, null)), T0)
+        const as = yield* s.claimMany({ deviceId: d.id, slots: [0, 1, 2, 3], now: T0, config })
+        yield* finish(s, as[0], T0 + MIN, "clean")
+        yield* finish(s, as[1], T0 + 2 * MIN, "killed_at_deadline")
+        yield* finish(s, as[2], T0 + 11 * MIN, "scan_error")
+        yield* s.release(auth(as[3], T0 + 12 * MIN))
+        const b = yield* o.outcomesOverTime(T0, T0 + 30 * MIN, 10 * MIN)
+        expect(b).toEqual([
+          { start: T0, completed: 1, timedOut: 1, failed: 0, expired: 0, released: 0 },
+          { start: T0 + 10 * MIN, completed: 0, timedOut: 0, failed: 1, expired: 0, released: 1 },
+          { start: T0 + 20 * MIN, completed: 0, timedOut: 0, failed: 0, expired: 0, released: 0 }
+        ])
+        expect(yield* o.outcomesOverTime(T0 + 10, T0, HOUR)).toEqual([])
+      }))
+
+    describe("audit and leases", () => {
+      test("the audit log lists newest first and pages with `before`", (_s, o) =>
+        Effect.gen(function* () {
+          for (let i = 0; i < 5; i++) yield* o.audit("add_targets", `github:t${i}`, { n: i }, who(T0 + i, `batch ${i}`))
+          const first = yield* o.listAudit({ limit: 2 })
+          expect(first.map((e) => e.subject)).toEqual(["github:t4", "github:t3"])
+          expect((yield* o.listAudit({ limit: 10, before: first[1].id })).map((e) => e.why)).toEqual(["batch 2", "batch 1", "batch 0"])
+        }))
+
+      test("a lease has one holder until it expires or is released; each new holder gets a greater token", (_s, o) =>
+        Effect.gen(function* () {
+          const a = yield* o.acquireLease("discovery:github", "a", 1000, T0)
+          expect(a).toEqual({ name: "discovery:github", holder: "a", token: expect.any(Number), expiresAt: T0 + 1000 })
+          expect(yield* o.acquireLease("discovery:github", "b", 1000, T0 + 999)).toBeNull()
+          const renewed = yield* o.acquireLease("discovery:github", "a", 1000, T0 + 500)
+          expect(renewed).toEqual({ ...a!, expiresAt: T0 + 1500 })
+          const b = yield* o.acquireLease("discovery:github", "b", 1000, T0 + 1500)
+          expect(b!.token).toBeGreaterThan(a!.token)
+          expect(yield* o.acquireLease("discovery:gitlab", "a", 1000, T0 + 1500)).not.toBeNull()
+          yield* o.releaseLease("discovery:github", "a", a!.token)
+          expect(yield* o.acquireLease("discovery:github", "c", 1000, T0 + 1600)).toBeNull()
+          yield* o.releaseLease("discovery:github", "b", b!.token)
+          const c = yield* o.acquireLease("discovery:github", "c", 1000, T0 + 1600)
+          expect(c!.token).toBeGreaterThan(b!.token)
+        }))
+    })
+
+    const eligible = (s: S, n: number) =>
+      Effect.gen(function* () {
+        const d = yield* s.addDevice({ name: "d", slots: n, tokenHash: "h", now: T0 })
+        yield* s.recordObservations(Array.from({ length: n }, (_, i) => obs("github", `p${i}`, T0 - DAY)), T0)
+        const as = yield* s.claimMany({ deviceId: d.id, slots: Array.from({ length: n }, (_, i) => i), now: T0, config })
+        yield* Effect.forEach(as, (a) => finish(s, a, T0 + MIN))
+        yield* s.recordObservations(Array.from({ length: n }, (_, i) => obs("github", `p${i}`, T0)), T0 + HOUR)
+      })
+
+    test("a promotion under a lease runs only while the lease is held with its token", (s, o) =>
+      Effect.gen(function* () {
+        yield* eligible(s, 4)
+        const now = T0 + 2 * DAY
+        const a = (yield* o.acquireLease("discovery:github", "a", 1000, now))!
+        expect((yield* o.promoteUnderLease(a, "github", { budget: 1, cooldownMs: DAY }, now))!.promoted).toHaveLength(1)
+        const b = (yield* o.acquireLease("discovery:github", "b", 1000, now + 1000))!
+        expect(yield* o.promoteUnderLease(a, "github", { budget: 1, cooldownMs: DAY }, now + 1000)).toBeNull()
+        expect(yield* o.promoteUnderLease({ ...b, token: b.token + 1 }, "github", { budget: 1, cooldownMs: DAY }, now + 1000)).toBeNull()
+        expect(yield* o.promoteUnderLease(b, "github", { budget: 1, cooldownMs: DAY }, now + 2000)).toBeNull()
+        const b2 = (yield* o.acquireLease("discovery:github", "b", 1000, now + 1500))!
+        expect((yield* o.promoteUnderLease(b2, "github", { budget: 5, cooldownMs: DAY }, now + 1500))!.promoted).toHaveLength(3)
+        expect(yield* o.promoteUnderLease(b2, "dockerhub", { budget: 5, cooldownMs: DAY }, now + 1500)).toEqual({ promoted: [], deferred: 0 })
+      }))
+
+    if (capabilities.concurrency)
+      describe("real concurrency", () => {
+        test("instances racing for the lease and promoting under it spend one budget between them", (s, o) =>
+          Effect.gen(function* () {
+            yield* eligible(s, 10)
+            const now = T0 + 2 * DAY
+            const results = yield* Effect.all(
+              Array.from({ length: 6 }, (_, i) =>
+                Effect.flatMap(o.acquireLease("discovery:github", `i${i}`, 60_000, now), (l) =>
+                  l === null ? Effect.succeed(0) : Effect.map(o.promoteUnderLease(l, "github", { budget: 3, cooldownMs: DAY }, now), (r) => r?.promoted.length ?? 0)
+                )
+              ),
+              { concurrency: "unbounded" }
+            )
+            expect(results.reduce((a, b) => a + b, 0)).toBe(3)
+          }))
+
+        test("racing holders: exactly one takes a free lease", (_s, o) =>
+          Effect.gen(function* () {
+            const got = yield* Effect.all(
+              Array.from({ length: 8 }, (_, i) => o.acquireLease("race", `h${i}`, 10_000, T0)),
+              { concurrency: "unbounded" }
+            )
+            expect(got.filter((l) => l !== null)).toHaveLength(1)
+          }))
+
+        test("racing redrive passes redrive each failed target once, and a racing cancel and result leave one winner", (s, o) =>
+          Effect.gen(function* () {
+            const d = yield* s.addDevice({ name: "d", slots: 8, tokenHash: "h", now: T0 })
+            yield* s.recordObservations(Array.from({ length: 8 }, (_, i) => obs("github", `r${i}`, null)), T0)
+            const as = yield* s.claimMany({ deviceId: d.id, slots: [0, 1, 2, 3, 4, 5, 6, 7], now: T0, config })
+            yield* Effect.forEach(as.slice(0, 6), (a) => finish(s, a, T0 + MIN, "scan_error"))
+            yield* o.redriveDue("github", backoff, T0 + MIN, 0)
+            const passes = yield* Effect.all(
+              Array.from({ length: 4 }, () => o.redriveDue("github", backoff, T0 + HOUR, 100)),
+              { concurrency: "unbounded" }
+            )
+            expect(passes.flatMap((p) => p.redriven.map((r) => r.identity)).sort()).toEqual(["r0", "r1", "r2", "r3", "r4", "r5"])
+            const [cancel, result] = yield* Effect.all([Effect.either(o.cancel(as[6].reservationId, who(T0 + 2 * MIN))), Effect.either(finish(s, as[6], T0 + 2 * MIN))], {
+              concurrency: "unbounded"
+            })
+            expect([Either.isRight(cancel), Either.isRight(result)].filter(Boolean)).toHaveLength(1)
+            const t = yield* s.getTarget("github", "r6")
+            expect(t.status).toBe(Either.isRight(cancel) ? "pending" : "completed")
+          }))
+      })
+
+    describe("model-based", () => {
+      it.live(
+        "random operator and worker command sequences leave the same targets, assignments and audit log as core's model",
+        () => checkModel(make, capabilities.modelRuns ?? 8),
+        120_000
+      )
+    })
+  })
+
+type Cmd =
+  | { readonly _tag: "discover"; readonly identity: string; readonly remoteAt: number | null }
+  | { readonly _tag: "claim"; readonly slot: number }
+  | { readonly _tag: "finish"; readonly pick: number; readonly outcome: Assignment.Outcome }
+  | { readonly _tag: "expire" }
+  | { readonly _tag: "advance"; readonly ms: number }
+  | { readonly _tag: "promote" }
+  | { readonly _tag: "redrive"; readonly limit: number }
+  | { readonly _tag: "requeue"; readonly identity: string }
+  | { readonly _tag: "cancel"; readonly pick: number }
+  | { readonly _tag: "revoke" }
+
+const identities = ["a", "b", "c"]
+const cmd: fc.Arbitrary<Cmd> = fc.oneof(
+  fc.record({ _tag: fc.constant("discover" as const), identity: fc.constantFrom(...identities), remoteAt: fc.option(fc.integer({ min: 0, max: 40 }).map((h) => T0 + h * HOUR), { nil: null }) }),
+  fc.record({ _tag: fc.constant("claim" as const), slot: fc.integer({ min: 0, max: 1 }) }),
+  fc.record({ _tag: fc.constant("finish" as const), pick: fc.nat(), outcome: fc.constantFrom<Assignment.Outcome>("clean", "scan_error", "unsupported") }),
+  fc.record({ _tag: fc.constant("expire" as const) }),
+  fc.record({ _tag: fc.constant("advance" as const), ms: fc.constantFrom(MIN, HOUR, DAY) }),
+  fc.record({ _tag: fc.constant("promote" as const) }),
+  fc.record({ _tag: fc.constant("redrive" as const), limit: fc.integer({ min: 0, max: 2 }) }),
+  fc.record({ _tag: fc.constant("requeue" as const), identity: fc.constantFrom(...identities) }),
+  fc.record({ _tag: fc.constant("cancel" as const), pick: fc.nat() }),
+  fc.record({ _tag: fc.constant("revoke" as const) })
+)
+
+// What a step answered, in a form both backends give identically.
+const outcome = <A>(self: Effect.Effect<A, unknown>) =>
+  Effect.map(Effect.either(self), (e) =>
+    Either.isLeft(e) ? { error: (e.left as { _tag?: string; reason?: string })._tag ?? "?", reason: (e.left as { reason?: string }).reason ?? null } : { ok: e.right }
+  )
+
+const checkModel = (make: MakeOperations, runs: number) =>
+  Effect.promise(() =>
+    fc.assert(
+      fc.asyncProperty(fc.array(cmd, { minLength: 1, maxLength: 30 }), async (cmds) => {
+        const scope = Effect.runSync(Scope.make())
+        try {
+          const ctx = await Effect.runPromise(Layer.buildWithScope(make(), scope))
+          const real = { s: Context.get(ctx, Store.Store), o: Context.get(ctx, Operations.Operations) }
+          const mctx = Effect.runSync(Effect.scoped(Layer.build(MemoryStore.layer)))
+          const model = { s: Context.get(mctx, Store.Store), o: Context.get(mctx, Operations.Operations) }
+          const device = await Promise.all([real, model].map((b) => Effect.runPromise(b.s.addDevice({ name: "d", slots: 2, tokenHash: "h", now: T0 }))))
+          expect(device[0].id).toBe(device[1].id)
+          let now = T0
+          const step = (b: { s: S; o: O }, c: Cmd) =>
+            Effect.gen(function* () {
+              const active = () => b.s.listAssignments({ state: "active", limit: 100 })
+              switch (c._tag) {
+                case "discover":
+                  return yield* outcome(b.s.recordObservations([obs("github", c.identity, c.remoteAt)], now))
+                case "claim":
+                  return yield* outcome(b.s.claim({ deviceId: device[0].id, slot: c.slot, now, config }))
+                case "finish": {
+                  const as = yield* active()
+                  if (as.length === 0) return "none"
+                  return yield* outcome(finish(b.s, as[c.pick % as.length], now, c.outcome))
+                }
+                case "expire":
+                  return yield* outcome(b.s.expireDue({ now, maxAttempts: 2, limit: 10 }))
+                case "advance":
+                  now += c.ms
+                  return "advanced"
+                case "promote":
+                  return yield* outcome(b.s.promote("github", { budget: 2, cooldownMs: HOUR }, now))
+                case "redrive":
+                  return yield* outcome(b.o.redriveDue("github", backoff, now, c.limit))
+                case "requeue":
+                  return yield* outcome(b.o.requeue("github", c.identity, who(now)))
+                case "cancel": {
+                  const as = yield* active()
+                  if (as.length === 0) return "none"
+                  return yield* outcome(b.o.cancel(as[c.pick % as.length].reservationId, who(now)))
+                }
+                case "revoke":
+                  return yield* outcome(b.o.revokeDevice(device[0].id, who(now)))
+              }
+            })
+          const observe = (b: { s: S; o: O }) =>
+            Effect.all({
+              targets: b.o.listTargets({ limit: 100 }),
+              assignments: b.s.listAssignments({ limit: 100 }),
+              audit: b.o.listAudit({ limit: 100 }),
+              devices: b.o.listDevices()
+            })
+          for (const c of cmds) {
+            const stepNow = now
+            const got = await Effect.runPromise(step(real, c))
+            now = stepNow
+            const want = await Effect.runPromise(step(model, c))
+            expect(got, JSON.stringify(c)).toEqual(want)
+            expect(await Effect.runPromise(observe(real))).toEqual(await Effect.runPromise(observe(model)))
+          }
+        } finally {
+          await Effect.runPromise(Scope.close(scope, Exit.void))
+        }
+      }),
+      { numRuns: runs }
+    )
+  )

@@ -1,0 +1,171 @@
+import { Source, Target } from "@scanfleet/core"
+import { readFileSync } from "node:fs"
+
+/** The usage text of the operator commands (they call a running server's admin API). */
+export const usage = `Operator commands (call a running server: --server URL or SCANFLEET_SERVER_URL, default http://127.0.0.1:8080,
+with SCANFLEET_ADMIN_TOKEN; --actor NAME is recorded in the audit log, default $USER):
+  targets add --source S --identity ID [--remote-at ISO] --reason WHY
+  targets add --file FILE.jsonl --reason WHY     one {"source","identity","remoteAt"?} object a line
+  targets search [--source S] [--status ST] [--prefix P] [--changed-since ISO|MS] [--after ID] [--limit N]
+  targets inspect --source S --identity ID [--limit N]
+  targets requeue --source S --identity ID --reason WHY
+  targets requeue --source S --status failed|unresolved --reason WHY      every such target of the source
+  assignments cancel ID --reason WHY
+  sources list | sources pause S --reason WHY | sources resume S --reason WHY
+  devices list | devices only ID --sources S,S|all|none --reason WHY | devices revoke ID --reason WHY
+  audit [--limit N] [--before ID]
+Answers are printed as JSON; a refusal prints its status and message and exits 1.`
+
+/** An operator command line that cannot be run as given. */
+export class UsageError extends Error {}
+
+/** The answer of one admin API call. */
+interface Answer {
+  readonly status: number
+  readonly body: any
+}
+
+const need = (flags: Map<string, string>, name: string): string => {
+  const v = flags.get(name)
+  if (v === undefined || v === "") throw new UsageError(`--${name} is required`)
+  return v
+}
+
+const sourceOf = (v: string): Source.Source => {
+  const r = Source.SourceSchema.safeParse(v)
+  if (!r.success) throw new UsageError(`--source must be one of ${Source.sources.join(", ")}`)
+  return r.data
+}
+
+/** A client of the admin API of one server. */
+export const client = (flags: Map<string, string>, env: Record<string, string | undefined>) => {
+  const base = (flags.get("server") ?? env.SCANFLEET_SERVER_URL ?? "http://127.0.0.1:8080").replace(/\/+$/, "")
+  const token = env.SCANFLEET_ADMIN_TOKEN
+  if (!token) throw new UsageError("SCANFLEET_ADMIN_TOKEN must hold the server's admin token")
+  const actor = flags.get("actor") ?? env.USER ?? "cli"
+  return async (method: string, path: string, body?: unknown): Promise<Answer> => {
+    const res = await fetch(base + path, {
+      method,
+      headers: { authorization: `Bearer ${token}`, "x-scanfleet-actor": actor, ...(body === undefined ? {} : { "content-type": "application/json" }) },
+      body: body === undefined ? undefined : JSON.stringify(body)
+    })
+    const text = await res.text()
+    let parsed: unknown = text
+    try {
+      parsed = JSON.parse(text)
+    } catch {
+      // not JSON: keep the text
+    }
+    return { status: res.status, body: parsed }
+  }
+}
+
+const query = (pairs: Record<string, string | undefined>) => {
+  const q = new URLSearchParams()
+  for (const [k, v] of Object.entries(pairs)) if (v !== undefined) q.set(k, v)
+  const s = q.toString()
+  return s === "" ? "" : `?${s}`
+}
+
+// Prints an answer: JSON on stdout when it succeeded, the refusal on stderr (exit 1) when not.
+const print = (a: Answer): number => {
+  if (a.status >= 200 && a.status < 300) {
+    console.log(JSON.stringify(a.body, null, 2))
+    return 0
+  }
+  const b = a.body as { error?: string; message?: string; issues?: Array<{ path: Array<string | number>; message: string }> }
+  console.error(`refused (${a.status} ${b?.error ?? ""}): ${b?.message ?? String(a.body)}`)
+  for (const i of b?.issues ?? []) console.error(`  ${i.path.join(".") || "(root)"}: ${i.message}`)
+  return 1
+}
+
+const readTargets = (file: string) =>
+  readFileSync(file, "utf8")
+    .split("\n")
+    .map((l) => l.trim())
+    .filter((l) => l.length > 0)
+    .map((l, i) => {
+      try {
+        return JSON.parse(l) as unknown
+      } catch (e) {
+        throw new UsageError(`${file} line ${i + 1} is not JSON: ${(e as Error).message}`)
+      }
+    })
+
+/**
+ * Runs one operator command against a running server's admin API; null when the words name
+ * no operator command (the caller tries its own).
+ *
+ * @example
+ * await AdminCommands.run(["sources", "pause", "gitlab"], new Map([["reason", "rate limited"]]), process.env)
+ */
+export const run = async (words: ReadonlyArray<string>, flags: Map<string, string>, env: Record<string, string | undefined>): Promise<number | null> => {
+  const [group, verb, arg] = words
+  if (!["targets", "assignments", "sources", "devices", "audit"].includes(group ?? "")) return null
+  const call = client(flags, env)
+  const reason = () => need(flags, "reason")
+  switch (`${group} ${verb ?? ""}`.trim()) {
+    case "targets add": {
+      const targets = flags.has("file")
+        ? readTargets(need(flags, "file"))
+        : [{ source: sourceOf(need(flags, "source")), identity: need(flags, "identity"), ...(flags.has("remote-at") ? { remoteAt: flags.get("remote-at") } : {}) }]
+      return print(await call("POST", "/v1/admin/targets", { targets, reason: reason() }))
+    }
+    case "targets search":
+      return print(
+        await call(
+          "GET",
+          `/v1/admin/targets/search${query({ source: flags.get("source"), status: flags.get("status"), prefix: flags.get("prefix"), changedSince: flags.get("changed-since"), after: flags.get("after"), limit: flags.get("limit") })}`
+        )
+      )
+    case "targets inspect":
+      return print(await call("GET", `/v1/admin/targets/inspect${query({ source: sourceOf(need(flags, "source")), identity: need(flags, "identity"), limit: flags.get("limit") })}`))
+    case "targets requeue": {
+      const source = sourceOf(need(flags, "source"))
+      const why = reason()
+      if (!flags.has("status")) return print(await call("POST", "/v1/admin/targets/requeue", { source, identity: need(flags, "identity"), reason: why }))
+      const status = Target.StatusSchema.safeParse(flags.get("status"))
+      if (!status.success || (status.data !== "failed" && status.data !== "unresolved")) throw new UsageError("--status must be failed or unresolved")
+      // Page through the matching targets (each requeue moves one out of the filter, so the cursor stays valid).
+      let after: string | undefined
+      let requeued = 0
+      for (;;) {
+        const page = await call("GET", `/v1/admin/targets/search${query({ source, status: status.data, after, limit: "200" })}`)
+        if (page.status !== 200) return print(page)
+        for (const t of page.body.targets) {
+          const r = await call("POST", "/v1/admin/targets/requeue", { source, identity: t.identity, reason: why })
+          if (r.status === 200) requeued++
+          else if (r.status !== 409) return print(r)
+        }
+        if (page.body.next === null) break
+        after = String(page.body.next)
+      }
+      console.log(JSON.stringify({ requeued }))
+      return 0
+    }
+    case "assignments cancel":
+      if (!arg) throw new UsageError("assignments cancel needs the reservation id")
+      return print(await call("POST", `/v1/admin/assignments/${encodeURIComponent(arg)}/cancel`, { reason: reason() }))
+    case "sources list":
+      return print(await call("GET", "/v1/admin/sources"))
+    case "sources pause":
+    case "sources resume":
+      if (!arg) throw new UsageError(`sources ${verb} needs the source`)
+      return print(await call("POST", `/v1/admin/sources/${encodeURIComponent(sourceOf(arg))}/${verb}`, { reason: reason() }))
+    case "devices list":
+      return print(await call("GET", "/v1/admin/devices"))
+    case "devices only": {
+      if (!arg) throw new UsageError("devices only needs the device id")
+      const list = need(flags, "sources")
+      const sources = list === "all" ? null : list === "none" ? [] : list.split(",").map((s) => sourceOf(s.trim()))
+      return print(await call("POST", `/v1/admin/devices/${encodeURIComponent(arg)}/sources`, { sources, reason: reason() }))
+    }
+    case "devices revoke":
+      if (!arg) throw new UsageError("devices revoke needs the device id")
+      return print(await call("DELETE", `/v1/admin/devices/${encodeURIComponent(arg)}${query({ reason: reason() })}`))
+    case "audit":
+      return print(await call("GET", `/v1/admin/audit${query({ limit: flags.get("limit"), before: flags.get("before") })}`))
+    default:
+      throw new UsageError(`unknown command: ${words.join(" ")}`)
+  }
+}

@@ -1,0 +1,474 @@
+import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
+import { AdminApi, type Errors, Operations, Percentile, PhaseModel, Source, Store, Target, type WorkerApi } from "@scanfleet/core"
+import { Eta } from "eta"
+import { Clock, Effect } from "effect"
+import { readFileSync } from "node:fs"
+import { createRequire } from "node:module"
+import { z } from "zod"
+import * as AdminRoutes from "./AdminRoutes.js"
+import { type ApiError, fromNotFound, fromStoreError } from "./ApiError.js"
+import * as Auth from "./Auth.js"
+import * as Controls from "./Controls.js"
+import * as Request from "./internal/Request.js"
+import * as Url from "./internal/Url.js"
+import { targetView } from "./OperationsRoutes.js"
+import { Settings } from "./ServerConfig.js"
+import * as Tokens from "./Tokens.js"
+import * as Views from "./Views.js"
+
+/**
+ * The operator console: server-rendered pages (no script needed) to search targets, inspect one
+ * with its assignments (phase timeline bar, the three labelled deadlines, expiry evidence), and
+ * act: requeue a target, cancel an assignment, pause or resume a source. Pages are Eta templates
+ * with auto-escaping on: every `<%= %>` value is escaped by the engine, and `<%~ %>` only ever
+ * inserts the output of another template. Actions are POST forms behind the dashboard session
+ * with a CSRF token bound to it, answered with a redirect back to the page.
+ */
+
+/** The console's template engine: escapes every interpolated value. */
+export const eta = new Eta({ autoEscape: true, autoTrim: false, cache: true })
+
+const css = `body{font:14px/1.4 system-ui,sans-serif;margin:1.5rem;color:#222}h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:1.5rem}
+nav a{margin-right:1rem}table{border-collapse:collapse;margin:.5rem 0}th,td{border:1px solid #ccc;padding:.25rem .5rem;text-align:left;vertical-align:top}
+th{background:#f3f3f3}.id{display:inline-block;max-width:28ch;overflow:hidden;text-overflow:ellipsis;white-space:nowrap;vertical-align:bottom}
+.muted{color:#777}.next{font-weight:bold}.bar{display:flex;width:100%;max-width:60rem;height:1.6rem;border:1px solid #999;margin:.25rem 0}
+.bar span{overflow:hidden;white-space:nowrap;font-size:11px;line-height:1.6rem;padding:0 2px;color:#fff;border-right:1px solid #fff}
+.p0{background:#4e79a7}.p1{background:#f28e2b}.p2{background:#59a14f}.p3{background:#b07aa1}.p4{background:#e15759}.p5{background:#76b7b2}.p6{background:#9c755f}
+form.inline{display:inline}dl.kv{display:grid;grid-template-columns:max-content auto;gap:.1rem 1rem}dl.kv dt{color:#555}dl.kv dd{margin:0}
+.refused{background:#fde8e8;border:1px solid #e0a0a0;padding:.5rem}.done{background:#e8f5e8;border:1px solid #a0d0a0;padding:.5rem}`
+
+eta.loadTemplate(
+  "@layout",
+  `<!doctype html><html lang="en"><head><meta charset="utf-8"><title><%= it.title %></title><style><%~ it.css %></style></head>
+<% if (it.scripts) { %><link rel="stylesheet" href="/assets/uplot.css"><% } %>
+<body><nav><a href="/">Dashboard</a><a href="/console/targets">Targets</a><a href="/console/sources">Sources</a><a href="/console/charts">Charts</a></nav>
+<h1><%= it.title %></h1>
+<% if (it.notice) { %><p class="<%= it.notice.kind %>" data-testid="notice"><%= it.notice.text %></p><% } %>
+<%~ it.body %>
+<% if (it.scripts) { %><script src="/assets/uplot.js"></script><script src="/assets/console-charts.js"></script><% } %>
+</body></html>`
+)
+
+// An identity cut to fit its column, the full value on hover.
+eta.loadTemplate("@identity", `<span class="id" title="<%= it.source %>:<%= it.id %>" data-testid="<%= it.testid %>"><%= it.source %>:<%= it.id %></span>`)
+
+eta.loadTemplate(
+  "@action",
+  `<form class="inline" method="post" action="<%= it.action %>" data-testid="<%= it.testid %>">
+<input type="hidden" name="csrf" value="<%= it.csrf %>"><input type="hidden" name="back" value="<%= it.back %>">
+<% for (const [k, v] of it.fields) { %><input type="hidden" name="<%= k %>" value="<%= v %>"><% } %>
+<input name="reason" required placeholder="reason (audited)" aria-label="reason" data-testid="<%= it.testid %>-reason">
+<button data-testid="<%= it.testid %>-submit"><%= it.label %></button></form>`
+)
+
+eta.loadTemplate(
+  "@targets",
+  `<form method="get" data-testid="target-search">
+<label>Source <select name="source"><option value="">all</option><% for (const s of it.sources) { %><option<%= s === it.q.source ? " selected" : "" %>><%= s %></option><% } %></select></label>
+<label> Status <select name="status"><option value="">all</option><% for (const s of it.statuses) { %><option<%= s === it.q.status ? " selected" : "" %>><%= s %></option><% } %></select></label>
+<label> Identity starts with <input name="prefix" value="<%= it.q.prefix ?? "" %>" data-testid="target-search-prefix"></label>
+<button data-testid="target-search-submit">Search</button></form>
+<% if (it.rows.length === 0) { %><p data-testid="targets-none">No target matches.</p><% } else { %>
+<table data-testid="targets-results"><thead><tr><th>Target</th><th>Status</th><th>Attempts at this revision</th><th>Observed remote</th><th>Covered remote</th><th>Changed</th></tr></thead><tbody>
+<% for (const r of it.rows) { %><tr data-testid="target-row-<%= r.id %>"><td><a href="<%= r.href %>"><%~ include("@identity", { source: r.source, id: r.identity, testid: "target-" + r.id + "-identity" }) %></a></td>
+<td data-testid="target-<%= r.id %>-status"><%= r.status %></td><td><%= r.attempts %></td><td><%= r.observed %></td><td><%= r.covered %></td><td><%= r.changed %></td></tr><% } %>
+</tbody></table><% } %>
+<% if (it.next) { %><p><a href="<%= it.next %>" data-testid="targets-next">Next page</a></p><% } %>`
+)
+
+eta.loadTemplate(
+  "@target",
+  `<h2><%~ include("@identity", { source: it.t.source, id: it.t.identity, testid: "target-identity" }) %></h2>
+<dl class="kv" data-testid="target-fields">
+<dt>Status</dt><dd data-testid="target-status"><%= it.t.status %></dd><dt>Fence</dt><dd data-testid="target-fence"><%= it.t.fence %></dd>
+<dt>Attempts at this revision</dt><dd data-testid="target-attempts"><%= it.t.attempts %></dd>
+<% for (const [k, v] of it.times) { %><dt><%= k %></dt><dd><%= v %></dd><% } %>
+<dt>Failure backoff</dt><dd data-testid="target-backoff"><%= it.backoff %></dd></dl>
+<% if (it.requeue) { %><%~ include("@action", it.requeue) %><% } %>
+<h2>Assignments (<%= it.assignments.length %>)</h2>
+<% for (const a of it.assignments) { %><section data-testid="assignment-<%= a.id %>">
+<h3>Reservation <%= a.id %>: <span data-testid="assignment-<%= a.id %>-state"><%= a.state %></span><%= a.outcome ? " (" + a.outcome + ")" : "" %>, device <%= a.device %> slot <%= a.slot %></h3>
+<table data-testid="assignment-<%= a.id %>-deadlines"><tbody><% for (const d of a.deadlines) { %>
+<tr class="<%= d.next ? "next" : "" %>" data-testid="assignment-<%= a.id %>-<%= d.testid %>"><th><%= d.label %></th><td data-testid="assignment-<%= a.id %>-<%= d.testid %>-at"><%= d.iso %></td><td><%= d.note %></td></tr><% } %>
+</tbody></table>
+<% if (a.spans.length === 0) { %><p class="muted" data-testid="timeline-<%= a.id %>-empty">No progress accepted yet.</p><% } else { %>
+<div class="bar" role="img" aria-label="phase timeline" data-testid="timeline-<%= a.id %>"><% a.spans.forEach((s, i) => { %><span class="p<%= s.color %>" style="width:<%= s.share %>%" title="<%= s.phase %>: <%= s.took %>" data-testid="timeline-<%= a.id %>-segment-<%= i %>" data-phase="<%= s.phase %>" data-ms="<%= s.ms %>"><%= s.phase %></span><% }) %></div>
+<table data-testid="timeline-<%= a.id %>-table"><thead><tr><th>Phase</th><th>Started (device clock)</th><th>Time in phase</th></tr></thead><tbody>
+<% for (const s of a.spans) { %><tr><td><%= s.phase %></td><td><%= s.start %></td><td><%= s.took %></td></tr><% } %></tbody></table><% } %>
+<% if (a.expiry) { %><p data-testid="assignment-<%= a.id %>-expiry"><%= a.expiry %></p><% } %>
+<% if (a.cancellation) { %><p data-testid="assignment-<%= a.id %>-cancellation"><%= a.cancellation %></p><% } %>
+<% if (a.cancel) { %><%~ include("@action", a.cancel) %><% } %>
+</section><% } %>`
+)
+
+eta.loadTemplate(
+  "@sources",
+  `<table data-testid="sources-table"><thead><tr><th>Source</th><th>State</th><th>Paused by, at, why</th><th>Action</th></tr></thead><tbody>
+<% for (const c of it.rows) { %><tr data-testid="source-<%= c.source %>"><td><%= c.source %></td><td data-testid="source-<%= c.source %>-state"><%= c.state %></td><td><%= c.who %></td><td><%~ include("@action", c.action) %></td></tr><% } %>
+</tbody></table>`
+)
+
+eta.loadTemplate(
+  "@charts",
+  `<h2>Assignments ended and targets promoted, per hour (last 24 h)</h2>
+<div class="chart" data-testid="chart-outcomes" data-chart="<%= it.outcomesChart %>"></div>
+<details data-testid="chart-outcomes-table-box"><summary>The numbers</summary><table data-testid="chart-outcomes-table"><thead><tr><th>Hour (UTC)</th><th>Completed</th><th>Timed out</th><th>Failed</th><th>Expired</th><th>Promoted</th></tr></thead><tbody>
+<% for (const r of it.outcomes) { %><tr><td><%= r.hour %></td><td><%= r.completed %></td><td><%= r.timedOut %></td><td><%= r.failed %></td><td><%= r.expired %></td><td><%= r.promoted %></td></tr><% } %></tbody></table></details>
+<h2>Percentiles of <%= it.metric %> per window: the slowest source and outcome with enough samples</h2>
+<form method="get"><label>Metric <select name="metric"><% for (const m of it.metrics) { %><option<%= m === it.metric ? " selected" : "" %>><%= m %></option><% } %></select></label> <button>Show</button></form>
+<div class="chart" data-testid="chart-percentiles" data-chart="<%= it.percentilesChart %>"></div>
+<details data-testid="chart-percentiles-table-box"><summary>The numbers</summary><table data-testid="chart-percentiles-table"><thead><tr><th>Window</th><th>Samples</th><th>p50</th><th>p95</th><th>p99</th></tr></thead><tbody>
+<% for (const r of it.windows) { %><tr><td><%= r.label %></td><td><%= r.count %></td><td><%= r.p50 %></td><td><%= r.p95 %></td><td><%= r.p99 %></td></tr><% } %></tbody></table></details>
+<noscript><p class="muted">The charts need script; the tables above hold the same numbers.</p></noscript>`
+)
+
+eta.loadTemplate("@message", `<p class="<%= it.kind %>" data-testid="<%= it.testid %>"><%= it.text %></p><% if (it.hint) { %><p><%= it.hint %></p><% } %>`)
+
+const secured = (res: HttpServerResponse.HttpServerResponse) =>
+  res.pipe(
+    HttpServerResponse.setHeaders({
+      "cache-control": "no-store",
+      "x-content-type-options": "nosniff",
+      "referrer-policy": "same-origin",
+      "content-security-policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'"
+    })
+  )
+
+const iso = (ms: number | null) => (ms === null ? "—" : new Date(ms).toISOString())
+
+// The notice a page shows after an action redirected to it.
+const noticeOf = (url: URL) => {
+  const done = url.searchParams.get("done")
+  const refused = url.searchParams.get("refused")
+  return done ? { kind: "done", text: done } : refused ? { kind: "refused", text: refused } : null
+}
+
+const page = (title: string, template: string, data: object, url: URL | null, status = 200, scripts = false) =>
+  secured(
+    HttpServerResponse.html(eta.render("@layout", { title, css, scripts, notice: url ? noticeOf(url) : null, body: eta.render(template, data) })).pipe(HttpServerResponse.setStatus(status))
+  ).pipe(
+    // Only the charts page runs script, and only the server's own files.
+    scripts
+      ? HttpServerResponse.setHeader("content-security-policy", "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'")
+      : (r) => r
+  )
+
+const errorPage = (e: ApiError) =>
+  page(
+    "scanfleet console",
+    "@message",
+    { kind: "refused", testid: e.status === 401 || e.status === 403 ? "auth-error" : "error", text: e.message, hint: e.status === 401 ? "Open /?token=<admin token> once to start a dashboard session." : null },
+    null,
+    e.status
+  )
+
+/** The CSRF token of a dashboard session: derived from the session, so a page of another origin cannot know it. */
+export const csrfToken = (session: string) => Tokens.hash(`scanfleet-console-csrf:${session}`)
+
+const csrfOf = Effect.map(Settings, (s) => csrfToken(Auth.dashboardSession(s.adminToken)))
+
+const actionData = (action: string, csrf: string, back: string, fields: Record<string, string>, label: string, testid: string) => ({
+  action,
+  csrf,
+  back,
+  fields: Object.entries(fields),
+  label,
+  testid
+})
+
+const session = Auth.admin({ cookie: true })
+
+const SearchQuery = AdminApi.TargetSearchQuery.extend({
+  source: z.union([Source.SourceSchema, z.literal("")]).optional(),
+  status: z.union([Target.StatusSchema, z.literal("")]).optional(),
+  prefix: z.string().max(1024).optional(),
+  done: z.string().optional(),
+  refused: z.string().optional()
+})
+
+/** GET /console/targets: the target search. */
+const targets = Effect.gen(function* () {
+  yield* session
+  const url = Url.parse((yield* HttpServerRequest.HttpServerRequest).url)
+  const q = yield* Request.query(SearchQuery)
+  const ops = yield* Operations.Operations
+  const p = yield* ops
+    .listTargets({ source: q.source || undefined, status: q.status || undefined, identityPrefix: q.prefix || undefined, changedSince: q.changedSince, after: q.after, limit: q.limit })
+    .pipe(Effect.mapError(fromStoreError))
+  const keep = { ...(q.source ? { source: q.source } : {}), ...(q.status ? { status: q.status } : {}), ...(q.prefix ? { prefix: q.prefix } : {}) }
+  return page(
+    "Targets",
+    "@targets",
+    {
+      q,
+      sources: Source.sources,
+      statuses: Target.statuses,
+      rows: p.targets.map((t) => ({
+        id: t.id,
+        source: t.source,
+        identity: t.identity,
+        status: t.status,
+        attempts: t.attempts,
+        observed: iso(t.observedRemoteAt),
+        covered: iso(t.coveredRemoteAt),
+        changed: iso(t.changedAt),
+        href: `/console/target?${new URLSearchParams({ source: t.source, identity: t.identity })}`
+      })),
+      next: p.next === null ? null : `/console/targets?${new URLSearchParams({ ...keep, after: String(p.next) })}`
+    },
+    url
+  )
+}).pipe(Effect.catchTag("ApiError", (e) => Effect.succeed(errorPage(e))))
+
+/** The phase spans of an assignment for its timeline bar: each phase's share of the time, open phases up to the end (or now). */
+export const timelineSpans = (a: WorkerApi.AssignmentView, events: ReadonlyArray<PhaseModel.Event>, now: number) => {
+  const until = a.endedAt ?? now
+  const spans = PhaseModel.spans(events).map((s) => ({ phase: s.phase, start: s.start, end: s.end ?? Math.max(s.start, until) }))
+  const total = spans.reduce((n, s) => n + (s.end - s.start), 0)
+  const took = (ms: number) => `${(ms / 1000).toFixed(ms < 10_000 ? 1 : 0)} s`
+  return spans.map((s) => ({
+    phase: s.phase,
+    color: PhaseModel.phases.indexOf(s.phase) % 7,
+    ms: s.end - s.start,
+    share: (total > 0 ? ((s.end - s.start) / total) * 100 : 100 / spans.length).toFixed(3),
+    took: took(s.end - s.start),
+    start: iso(s.start)
+  }))
+}
+
+const deadlineRows = (a: WorkerApi.AssignmentView) =>
+  (
+    [
+      ["targetScan", "target-scan-deadline"],
+      ["resultUpload", "result-upload-deadline"],
+      ["assignmentExpiry", "assignment-expiry"]
+    ] as const
+  ).map(([key, testid]) => {
+    const d = a.deadlines[key]
+    const next = a.nextDeadline?.which === key
+    return {
+      testid,
+      label: d.label[0].toUpperCase() + d.label.slice(1),
+      iso: d.iso,
+      next,
+      note: next ? `fires next, in ${Math.max(0, Math.round(a.nextDeadline!.remainingMs / 1000))} s` : d.at <= a.serverNow ? "passed" : ""
+    }
+  })
+
+/** GET /console/target?source=&identity=: one target, its assignments, their timelines and deadlines, and the actions. */
+const target = Effect.gen(function* () {
+  yield* session
+  const url = Url.parse((yield* HttpServerRequest.HttpServerRequest).url)
+  const q = yield* Request.query(AdminApi.TargetKeyQuery.extend({ done: z.string().optional(), refused: z.string().optional() }))
+  const ops = yield* Operations.Operations
+  const now = yield* Clock.currentTimeMillis
+  const fleet = yield* Effect.flatMap(Store.Store, (s) => s.fleet()).pipe(Effect.mapError(fromStoreError))
+  const i = yield* ops.inspectTarget(q.source, q.identity, q.limit).pipe(Effect.mapError((e) => (e._tag === "NotFound" ? fromNotFound(e) : fromStoreError(e))))
+  const csrf = yield* csrfOf
+  const back = `/console/target?${new URLSearchParams({ source: q.source, identity: q.identity })}`
+  const t = targetView(i.target)
+  return page(
+    `Target ${t.source}:${t.identity.length > 60 ? `${t.identity.slice(0, 60)}…` : t.identity}`,
+    "@target",
+    {
+      t,
+      times: [
+        ["Observed remote time", iso(t.observedRemoteAt)],
+        ["Covered remote time", iso(t.coveredRemoteAt)],
+        ["Completed", iso(t.completedAt)],
+        ["Last scan started", iso(t.lastScanStartedAt)],
+        ["Discovered", iso(t.discoveredAt)],
+        ["Changed", iso(t.changedAt)]
+      ],
+      backoff: `${t.redrive.redrives} redrive(s) at this revision; ${t.redrive.retryAt !== null ? `next redrive at ${iso(t.redrive.retryAt)}` : "no redrive planned"}`,
+      requeue: t.status !== "in_progress" && t.status !== "pending" ? actionData("/console/actions/requeue", csrf, back, { source: t.source, identity: t.identity }, "Requeue", "requeue") : null,
+      assignments: i.assignments.map(({ assignment, timeline, cancellation }) => {
+        const a = Views.assignment(assignment, now, fleet.id)
+        return {
+          id: a.reservationId,
+          state: a.state,
+          outcome: a.outcome,
+          device: a.deviceId,
+          slot: a.slot,
+          deadlines: deadlineRows(a),
+          spans: timelineSpans(a, timeline, now),
+          expiry: a.expiry ? `Expired at ${iso(a.expiry.expiredAt)}; last accepted phase ${a.expiry.lastPhase ?? "none"}, last progress ${iso(a.expiry.lastProgressAt)}.` : null,
+          cancellation: cancellation ? `Cancelled by ${cancellation.who} at ${iso(cancellation.at)}: ${cancellation.why}` : null,
+          cancel: a.state === "active" ? actionData("/console/actions/cancel", csrf, back, { reservationId: String(a.reservationId) }, "Cancel this assignment", `cancel-${a.reservationId}`) : null
+        }
+      })
+    },
+    url
+  )
+}).pipe(Effect.catchTag("ApiError", (e) => Effect.succeed(errorPage(e))))
+
+/** GET /console/sources: each source's controls, with pause and resume. */
+const sources = Effect.gen(function* () {
+  yield* session
+  const url = Url.parse((yield* HttpServerRequest.HttpServerRequest).url)
+  const ops = yield* Operations.Operations
+  const cs = yield* ops.sourceControls().pipe(Effect.mapError(fromStoreError))
+  const csrf = yield* csrfOf
+  return page(
+    "Sources",
+    "@sources",
+    {
+      rows: cs.map((c) => ({
+        source: c.source,
+        state: c.paused ? "paused" : "running",
+        who: c.paused ? `${c.pausedBy}, ${iso(c.pausedAt)}: ${c.reason}` : "",
+        action: actionData(`/console/actions/${c.paused ? "resume" : "pause"}`, csrf, "/console/sources", { source: c.source }, c.paused ? "Resume" : "Pause", `${c.paused ? "resume" : "pause"}-${c.source}`)
+      }))
+    },
+    url
+  )
+}).pipe(Effect.catchTag("ApiError", (e) => Effect.succeed(errorPage(e))))
+
+const ActionForm = z.object({
+  csrf: z.string(),
+  back: z.string().regex(/^\/console\/[a-z]+(\?\S*)?$/, "must be a console page"),
+  reason: AdminApi.Reason,
+  source: Source.SourceSchema.optional(),
+  identity: z.string().min(1).optional(),
+  reservationId: z.coerce.number().int().min(1).optional()
+})
+
+/** POST /console/actions/:action: one operator action from a console form; answers with a redirect to the page it came from. */
+const action = Effect.gen(function* () {
+  yield* session
+  const req = yield* HttpServerRequest.HttpServerRequest
+  const params = yield* HttpRouter.params
+  const raw = yield* req.urlParamsBody.pipe(Effect.orElseSucceed(() => [] as ReadonlyArray<readonly [string, string]>))
+  const form = ActionForm.safeParse(Object.fromEntries(raw))
+  const csrf = yield* csrfOf
+  if (!form.success || !Tokens.equal(form.data.csrf, csrf))
+    return page("scanfleet console", "@message", { kind: "refused", testid: "error", text: "The form is invalid or expired (CSRF check failed); reload the page and try again. Nothing changed.", hint: null }, null, 403)
+  const f = form.data
+  const ops = yield* Operations.Operations
+  const who: Operations.Actor = { who: "dashboard", why: f.reason, now: yield* Clock.currentTimeMillis }
+  const run: Effect.Effect<string, Operations.OperationRefused | Errors.NotFound | Errors.StoreError | null, Controls.Controls> =
+    params.action === "requeue" && f.source && f.identity
+      ? Effect.as(ops.requeue(f.source, f.identity, who), `requeued ${f.source}:${f.identity}`)
+      : params.action === "cancel" && f.reservationId
+        ? Effect.as(ops.cancel(f.reservationId, who), `cancelled reservation ${f.reservationId}`)
+        : (params.action === "pause" || params.action === "resume") && f.source
+          ? Effect.as(
+              Effect.zipLeft(ops.setPaused(f.source, params.action === "pause", who), Effect.flatMap(Controls.Controls, (c) => c.invalidate)),
+              `${params.action === "pause" ? "paused" : "resumed"} ${f.source}`
+            )
+          : Effect.fail(null)
+  const outcome = yield* run.pipe(
+    Effect.map((done): Record<string, string> => ({ done })),
+    Effect.catchAll((e) =>
+      e !== null && e._tag === "StoreError"
+        ? Effect.fail(fromStoreError(e))
+        : Effect.succeed({ refused: e === null ? `unknown action ${params.action ?? ""}` : e._tag === "NotFound" ? fromNotFound(e).message : e.message })
+    )
+  )
+  return HttpServerResponse.empty({ status: 303 }).pipe(HttpServerResponse.setHeader("location", `${f.back}${f.back.includes("?") ? "&" : "?"}${new URLSearchParams(outcome)}`))
+}).pipe(Effect.catchTag("ApiError", (e) => Effect.succeed(errorPage(e))))
+
+const HOUR = 3_600_000
+const windows = [
+  { label: "1 h", hours: 1 },
+  { label: "6 h", hours: 6 },
+  { label: "24 h", hours: 24 },
+  { label: "7 d", hours: 168 }
+] as const
+
+/** GET /console/charts: assignments ended and targets promoted per hour, and percentiles per window, as charts over tables. */
+const charts = Effect.gen(function* () {
+  yield* session
+  const url = Url.parse((yield* HttpServerRequest.HttpServerRequest).url)
+  const q = yield* Request.query(z.object({ metric: Percentile.MetricSchema.default("end_to_end") }).strict())
+  const ops = yield* Operations.Operations
+  const store = yield* Store.Store
+  const now = yield* Clock.currentTimeMillis
+  const from = Math.floor((now - 23 * HOUR) / HOUR) * HOUR
+  const buckets = yield* ops.outcomesOverTime(from, from + 24 * HOUR, HOUR).pipe(Effect.mapError(fromStoreError))
+  const cycles = yield* store.listCycles({ limit: 1000 }).pipe(Effect.mapError(fromStoreError))
+  const promoted = buckets.map((b) => cycles.filter((c) => c.startedAt >= b.start && c.startedAt < b.start + HOUR).reduce((n, c) => n + c.queuedUpdatedCount, 0))
+  const outcomes = buckets.map((b, i) => ({ ...b, hour: iso(b.start).slice(0, 13) + ":00", promoted: promoted[i] }))
+  const rows = yield* Effect.forEach(windows, (w) => AdminRoutes.percentileData({ windowHours: w.hours, metric: q.metric }))
+  // All sources and outcomes together: the window's histogram merged, read by core's rank rule.
+  const merged = rows.map((r, i) => {
+    const count = r.rows.reduce((n, x) => n + x.count, 0)
+    const pick = (k: "p50" | "p95" | "p99") => {
+      const ok = r.rows.filter((x) => x[k].status === "ok")
+      return ok.length === 0 ? null : Math.max(...ok.map((x) => (x[k] as { value: number }).value))
+    }
+    return { label: windows[i].label, hours: windows[i].hours, count, p50: pick("p50"), p95: pick("p95"), p99: pick("p99") }
+  })
+  const secs = (v: number | null) => (v === null ? "insufficient" : `${(v / 1000).toFixed(1)} s`)
+  return page(
+    "Charts",
+    "@charts",
+    {
+      metric: q.metric,
+      metrics: Percentile.metrics,
+      outcomes,
+      outcomesChart: JSON.stringify({
+        kind: "time",
+        x: buckets.map((b) => b.start / 1000),
+        series: [
+          { label: "completed", values: buckets.map((b) => b.completed) },
+          { label: "timed out", values: buckets.map((b) => b.timedOut) },
+          { label: "failed", values: buckets.map((b) => b.failed) },
+          { label: "expired", values: buckets.map((b) => b.expired) },
+          { label: "promoted", values: promoted }
+        ]
+      }),
+      windows: merged.map((m) => ({ ...m, p50: secs(m.p50), p95: secs(m.p95), p99: secs(m.p99) })),
+      percentilesChart: JSON.stringify({
+        kind: "windows",
+        x: merged.map((m) => m.hours),
+        series: (["p50", "p95", "p99"] as const).map((k) => ({ label: `${k} (highest group, s)`, values: merged.map((m) => (m[k] === null ? null : m[k]! / 1000)) }))
+      })
+    },
+    url,
+    200,
+    true
+  )
+}).pipe(Effect.catchTag("ApiError", (e) => Effect.succeed(errorPage(e))))
+
+// uPlot, served from this server (no CDN), and the few lines that draw each chart from its data attribute.
+const require = createRequire(import.meta.url)
+const asset = (specifier: string) => readFileSync(require.resolve(specifier), "utf8")
+const assets = {
+  "uplot.js": { type: "text/javascript; charset=utf-8", body: () => asset("uplot/dist/uPlot.iife.min.js") },
+  "uplot.css": { type: "text/css; charset=utf-8", body: () => asset("uplot/dist/uPlot.min.css") },
+  "console-charts.js": {
+    type: "text/javascript; charset=utf-8",
+    body: () => `"use strict";
+document.querySelectorAll("[data-chart]").forEach(function (el) {
+  var d = JSON.parse(el.getAttribute("data-chart"));
+  var colors = ["#59a14f", "#e15759", "#f28e2b", "#9c755f", "#4e79a7"];
+  var opts = {
+    width: Math.min(900, el.clientWidth || 900), height: 260,
+    scales: { x: { time: d.kind === "time", distr: d.kind === "time" ? 1 : 3 } },
+    series: [{ label: d.kind === "time" ? "hour" : "window (hours)" }].concat(d.series.map(function (s, i) { return { label: s.label, stroke: colors[i % colors.length], width: 2, points: { show: true } }; }))
+  };
+  new uPlot(opts, [d.x].concat(d.series.map(function (s) { return s.values; })), el);
+  el.setAttribute("data-drawn", "true");
+});
+`
+  }
+} as const
+
+/** GET /assets/:name: the charting library and the console's chart script. */
+const assetRoute = Effect.gen(function* () {
+  const { name } = yield* HttpRouter.params
+  const a = name !== undefined && Object.hasOwn(assets, name) ? assets[name as keyof typeof assets] : undefined
+  if (!a) return HttpServerResponse.text("not found", { status: 404 })
+  return HttpServerResponse.text(a.body(), { contentType: a.type }).pipe(HttpServerResponse.setHeaders({ "cache-control": "public, max-age=3600", "x-content-type-options": "nosniff" }))
+})
+
+/** The console routes. */
+export const router: HttpRouter.HttpRouter<ApiError, Operations.Operations | Controls.Controls | Settings | Store.Store> = HttpRouter.empty.pipe(
+  HttpRouter.get("/console/targets", targets),
+  HttpRouter.get("/console/target", target),
+  HttpRouter.get("/console/sources", sources),
+  HttpRouter.get("/console/charts", charts),
+  HttpRouter.get("/assets/:name", assetRoute),
+  HttpRouter.post("/console/actions/:action", action)
+)
