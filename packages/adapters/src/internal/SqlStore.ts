@@ -1,10 +1,9 @@
 import { SqlClient, Statement } from "@effect/sql"
 import { Effect, Either, Schedule } from "effect"
-import { Assignment, Claim, Deadline, Errors, Percentile, Source, Store, type Target } from "@scanfleet/core"
+import { Assignment, Claim, Deadline, Errors, Percentile, Source, Store, type Target, WorkerWrite } from "@scanfleet/core"
 import * as Codec from "./Codec.js"
 import * as Rollups from "./Rollups.js"
 import * as Prepared from "./Prepared.js"
-import * as Rules from "./Rules.js"
 import { mapped } from "./SqlErrors.js"
 import { claimBatch, claimNext, claimStatement } from "./queries/claimNext.js"
 import * as Progress from "./queries/appendProgress.js"
@@ -56,12 +55,6 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
   const loadTarget = (id: number) =>
     Effect.map(sql<Row>`SELECT ${sql.literal(Codec.targetColumns)} FROM targets WHERE id = ${id}${forUpdate}`, (rows) => Codec.target(rows[0]))
 
-  // Ownership and fence first, then the caller's own checks, as core's model orders them.
-  const authorized = (auth: { deviceId: number; reservationId: number; fence: number }) =>
-    Effect.flatMap(loadAssignment(auth.reservationId, true), (a) => Either.match(Rules.authorize(auth, a), { onLeft: Effect.fail, onRight: Effect.succeed }))
-
-  const live = (a: Assignment.Assignment, now: number) => Either.match(Rules.requireLive(a, now), { onLeft: Effect.fail, onRight: Effect.succeed })
-
   // Postgres: the counts that result acceptance left in duration_rollup_deltas move into
   // the rollups, in one statement, before a percentile query reads them. The DELETE takes
   // each delta once even when two readers fold at the same time; keys in one order.
@@ -111,23 +104,21 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
       !isPg
         ? retryConflicts(mapped(sql.withTransaction(Submit.sqlite(sql, input, insertDurations))))
         : Effect.flatMap(submitFast(input), (fast) =>
-        fast !== null
-          ? Effect.succeed(fast)
-          : transaction(
-        Effect.gen(function* () {
-          const a = yield* authorized(input)
-          const prior = yield* sql<Row>`SELECT * FROM results WHERE reservation_id = ${a.reservationId}`
-          if (prior.length > 0) return Codec.receipt(prior[0])
-          yield* live(a, input.now)
-          if (input.now > a.uploadDeadline)
-            return yield* Rules.refuse("upload_deadline_passed", a.reservationId, `the result-upload deadline passed at ${new Date(a.uploadDeadline).toISOString()}`)
-          const t = yield* loadTarget(a.targetId)
-          if (!Claim.holds(t, a.fence)) return yield* Rules.lostTarget(a, t.id)
-          const evs = (yield* sql<Row>`SELECT * FROM progress_events WHERE reservation_id = ${a.reservationId} ORDER BY seq`).map(Codec.event)
-          return yield* Submit.writeAccepted(sql, input, a, t, evs, insertDurations)
-        })
-      )
-      ),
+            fast !== null
+              ? Effect.succeed(fast)
+              : transaction(
+                  Effect.gen(function* () {
+                    // The reservation, then its target, under their row locks; core decides.
+                    const a = yield* loadAssignment(input.reservationId, true)
+                    const t = a === undefined ? undefined : yield* loadTarget(a.targetId)
+                    const judged = WorkerWrite.judgeResult(input, a, () => t!)
+                    if (Either.isLeft(judged)) return yield* Effect.fail(judged.left)
+                    if (judged.right._tag === "repeat") return judged.right.receipt
+                    const evs = (yield* sql<Row>`SELECT * FROM progress_events WHERE reservation_id = ${input.reservationId} ORDER BY seq`).map(Codec.event)
+                    return yield* Submit.writeAccepted(sql, input, a!, judged.right, evs, insertDurations)
+                  })
+                )
+          ),
 
     submitResults: (inputs) =>
       Effect.gen(function* () {
@@ -146,7 +137,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         const answers: Array<Either.Either<Assignment.Receipt, Errors.ReservationRefused>> = []
         for (const input of inputs) {
           const receipt = accepted.get(input.reservationId)
-          if (receipt !== undefined && receipt.acceptedAt === input.now && receipt.receiptId === `rc-${input.reservationId}-${input.fence}`) {
+          if (receipt !== undefined && receipt.acceptedAt === input.now && receipt.receiptId === WorkerWrite.receiptId(input.reservationId, input.fence)) {
             accepted.delete(input.reservationId)
             answers.push(Either.right(receipt))
           } else
@@ -163,12 +154,14 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
     release: (auth) =>
       transaction(
         Effect.gen(function* () {
-          const a = yield* Effect.flatMap(authorized(auth), (a) => live(a, auth.now))
-          const t = yield* loadTarget(a.targetId)
-          if (!Claim.holds(t, a.fence)) return yield* Rules.lostTarget(a, t.id)
-          yield* sql`UPDATE targets SET status = 'pending', fence = fence + 1 WHERE id = ${t.id} AND status = 'in_progress' AND fence = ${a.fence}`
-          yield* sql`UPDATE assignments SET state = 'released', ended_at = ${auth.now} WHERE reservation_id = ${a.reservationId}`
-          return { ...a, state: "released", endedAt: auth.now } satisfies Assignment.Assignment
+          const a = yield* loadAssignment(auth.reservationId, true)
+          const t = a === undefined ? undefined : yield* loadTarget(a.targetId)
+          const judged = WorkerWrite.judgeRelease(auth, a, () => t!)
+          if (Either.isLeft(judged)) return yield* Effect.fail(judged.left)
+          const released = judged.right
+          yield* sql`UPDATE targets SET status = 'pending', fence = fence + 1 WHERE id = ${released.targetId} AND status = 'in_progress' AND fence = ${released.fence}`
+          yield* sql`UPDATE assignments SET state = 'released', ended_at = ${auth.now} WHERE reservation_id = ${released.reservationId}`
+          return released
         })
       ),
 
@@ -532,13 +525,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
   // transactional path decides, with its exact reason.
   function submitFast(input: Store.ResultInput): Effect.Effect<Assignment.Receipt | null, Errors.StoreError> {
     if (![input.reservationId, input.deviceId, input.fence, input.now].every(isId)) return Effect.succeed(null)
-    const status = Assignment.targetStatusAfter(input.outcome)
-    const receipt: Assignment.Receipt = {
-      receiptId: `rc-${input.reservationId}-${input.fence}`,
-      reservationId: input.reservationId,
-      outcome: input.outcome,
-      acceptedAt: input.now
-    }
+    const { receipt, targetStatus: status } = WorkerWrite.resultPlan(input, input.outcome, input.now)
     const now = sql`${input.now}::bigint`
     const outcome = sql`${input.outcome}::text`
     const setTarget = status === "completed" ? sql`status = 'completed', completed_at = ${now}` : sql`status = ${status}::text`

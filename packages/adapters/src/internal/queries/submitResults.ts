@@ -1,6 +1,6 @@
 import type { SqlClient } from "@effect/sql"
 import { Effect } from "effect"
-import { Assignment, type Store } from "@scanfleet/core"
+import { Assignment, type Store, WorkerWrite } from "@scanfleet/core"
 import * as Prepared from "../Prepared.js"
 
 /**
@@ -13,7 +13,7 @@ import * as Prepared from "../Prepared.js"
  */
 export const acceptMany = (sql: SqlClient.SqlClient, inputs: ReadonlyArray<Store.ResultInput>) => {
   const receipts = new Map<number, Assignment.Receipt>(
-    inputs.map((i) => [i.reservationId, { receiptId: `rc-${i.reservationId}-${i.fence}`, reservationId: i.reservationId, outcome: i.outcome, acceptedAt: i.now }])
+    inputs.map((i) => [i.reservationId, WorkerWrite.receiptOf(i, i.outcome, i.now)])
   )
   const ids = inputs.map((i) => i.reservationId)
   return Effect.map(
