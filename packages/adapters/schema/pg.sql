@@ -24,7 +24,8 @@ CREATE TABLE assignments (
   expired_at bigint,
   expiry_last_phase text,
   expiry_last_progress_at bigint,
-  device_slots integer NOT NULL
+  device_slots integer NOT NULL,
+  result_body text
 );
 
 CREATE TABLE config_versions (
@@ -56,6 +57,10 @@ CREATE TABLE devices (
   token_hash text NOT NULL,
   created_at bigint NOT NULL,
   revoked_at bigint
+);
+
+CREATE TABLE duration_pending (
+  reservation_id bigint NOT NULL
 );
 
 CREATE TABLE duration_rollup_deltas (
@@ -159,14 +164,6 @@ CREATE TABLE progress_events (
   accepted_at bigint NOT NULL
 );
 
-CREATE TABLE results (
-  reservation_id bigint NOT NULL,
-  receipt_id text NOT NULL,
-  outcome text NOT NULL,
-  accepted_at bigint NOT NULL,
-  body text NOT NULL
-);
-
 CREATE TABLE scanfleet_migrations (
   migration_id integer NOT NULL,
   created_at timestamp with time zone DEFAULT now() NOT NULL,
@@ -201,9 +198,6 @@ ALTER TABLE duration_rollups ADD CONSTRAINT duration_rollups_pkey PRIMARY KEY (s
 ALTER TABLE durations ADD CONSTRAINT durations_pkey PRIMARY KEY (id);
 ALTER TABLE progress_events ADD CONSTRAINT progress_events_pkey PRIMARY KEY (reservation_id, seq);
 ALTER TABLE progress_events ADD CONSTRAINT progress_events_reservation_id_fkey FOREIGN KEY (reservation_id) REFERENCES assignments(reservation_id);
-ALTER TABLE results ADD CONSTRAINT results_pkey PRIMARY KEY (reservation_id);
-ALTER TABLE results ADD CONSTRAINT results_receipt_id_key UNIQUE (receipt_id);
-ALTER TABLE results ADD CONSTRAINT results_reservation_id_fkey FOREIGN KEY (reservation_id) REFERENCES assignments(reservation_id);
 ALTER TABLE scanfleet_migrations ADD CONSTRAINT scanfleet_migrations_pkey PRIMARY KEY (migration_id);
 ALTER TABLE targets ADD CONSTRAINT targets_pkey PRIMARY KEY (id);
 ALTER TABLE targets ADD CONSTRAINT targets_source_check CHECK ((source = ANY (ARRAY['github'::text, 'gitlab'::text, 'huggingface'::text, 'dockerhub'::text])));
@@ -225,8 +219,6 @@ CREATE UNIQUE INDEX duration_rollups_pkey ON duration_rollups USING btree (span,
 CREATE UNIQUE INDEX durations_pkey ON durations USING btree (id);
 CREATE INDEX durations_source_idx ON durations USING btree (source, metric, outcome, at) INCLUDE (ms);
 CREATE UNIQUE INDEX progress_events_pkey ON progress_events USING btree (reservation_id, seq);
-CREATE UNIQUE INDEX results_pkey ON results USING btree (reservation_id);
-CREATE UNIQUE INDEX results_receipt_id_key ON results USING btree (receipt_id);
 CREATE UNIQUE INDEX scanfleet_migrations_pkey ON scanfleet_migrations USING btree (migration_id);
 CREATE INDEX targets_pending_idx ON targets USING btree (id) WHERE (status = 'pending'::text);
 CREATE UNIQUE INDEX targets_pkey ON targets USING btree (id);

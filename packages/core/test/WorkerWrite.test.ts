@@ -79,7 +79,7 @@ describe("WorkerWrite.judgeResult", () => {
       }
       const accepted = a.state === "active" && now < a.expiresAt && now <= a.uploadDeadline && held
       expect(Either.isRight(judged)).toBe(accepted)
-      if (Either.isRight(judged)) {
+      if (Either.isRight(judged) && judged.right._tag === "accept") {
         expect(judged.right).toEqual({
           _tag: "accept",
           receipt: { receiptId: WorkerWrite.receiptId(a.reservationId, a.fence), reservationId: a.reservationId, outcome: o, acceptedAt: now },

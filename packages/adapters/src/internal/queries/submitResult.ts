@@ -11,8 +11,8 @@ const targetJson = Codec.targetColumns
   .map((c) => `'${c}', t.${c}`)
   .join(", ")
 
-// The timeline as [seq, kind, phase, at, detail, accepted_at], decoded as Codec.event decodes a row.
-const decodeTimeline = (v: unknown): ReadonlyArray<Event> =>
+/** A timeline as a JSON array of [seq, kind, phase, at, detail, accepted_at], decoded as Codec.event decodes a row. */
+export const decodeTimeline = (v: unknown): ReadonlyArray<Event> =>
   (Codec.json<ReadonlyArray<readonly [unknown, unknown, unknown, unknown, unknown, unknown]> | null>(v ?? "[]") ?? []).map(([seq, kind, phase, at, detail, acceptedAt]) =>
     detail === null || detail === undefined
       ? { seq: Number(seq), kind: kind as Event["kind"], phase: phase as Event["phase"], at: Number(at), acceptedAt: Number(acceptedAt) }
@@ -48,10 +48,9 @@ export const sqlite = (
   })
 
 /**
- * The writes of an accepted result, after every check passed: the target's fenced
- * compare-and-set, the receipt, the durations of the timeline and the reservation's
- * end. Shared by SQLite and by the Postgres transaction the one-statement path falls
- * back to.
+ * SQLite: the writes of an accepted result, after every check passed: the target's fenced
+ * compare-and-set, the durations of the timeline and the reservation's end with its result
+ * body (the receipt is derived from that row).
  */
 export const writeAccepted = (
   sql: SqlClient.SqlClient,
@@ -66,10 +65,8 @@ export const writeAccepted = (
     yield* targetStatus === "completed"
       ? sql`UPDATE targets SET status = 'completed', completed_at = ${input.now} WHERE id = ${a.targetId} AND status = 'in_progress' AND fence = ${a.fence}`
       : sql`UPDATE targets SET status = ${targetStatus} WHERE id = ${a.targetId} AND status = 'in_progress' AND fence = ${a.fence}`
-    yield* sql`INSERT INTO results (reservation_id, receipt_id, outcome, accepted_at, body)
-      VALUES (${a.reservationId}, ${receipt.receiptId}, ${receipt.outcome}, ${receipt.acceptedAt}, ${input.body})`
     yield* insertDurations(WorkerWrite.durationsOfEnded(a, evs, input.outcome, input.now))
     yield* sql`UPDATE assignments SET state = ${state}, outcome = ${input.outcome},
-      final_phase = ${input.finalPhase}, ended_at = ${input.now} WHERE reservation_id = ${a.reservationId}`
+      final_phase = ${input.finalPhase}, ended_at = ${input.now}, result_body = ${input.body} WHERE reservation_id = ${a.reservationId}`
     return receipt
   })
