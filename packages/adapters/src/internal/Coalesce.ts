@@ -1,9 +1,10 @@
 import { Deferred, Effect, Exit } from "effect"
 
 /**
- * Merges concurrent calls of one operation into batches: a call made while no batch
- * is in flight starts one at once (nothing waits when the store is idle); calls made
- * while one is in flight wait for it and then go together, up to `max` per batch.
+ * Merges concurrent calls of one operation into batches: a call made while fewer than
+ * `inFlight` batches (default 1) are running starts one at once (nothing waits when the
+ * store is idle); calls made while they all run wait for one to end and then go together,
+ * up to `max` per batch.
  * `run` answers every item of its batch, in order, each with its own exit; a failure
  * of the whole batch answers each item with that failure.
  *
@@ -13,12 +14,14 @@ import { Deferred, Effect, Exit } from "effect"
  */
 export const make = <I, A, E>(options: {
   readonly max: number
+  readonly inFlight?: number
   readonly run: (batch: ReadonlyArray<I>) => Effect.Effect<ReadonlyArray<Exit.Exit<A, E>>, E>
   readonly fits?: (item: I, batch: ReadonlyArray<I>) => boolean
 }): ((item: I) => Effect.Effect<A, E>) => {
   type Waiting = { readonly item: I; readonly done: Deferred.Deferred<A, E> }
   let queue: Array<Waiting> = []
-  let running = false
+  let running = 0
+  const lanes = Math.max(1, options.inFlight ?? 1)
 
   const take = (): Array<Waiting> => {
     const batch: Array<Waiting> = []
@@ -34,11 +37,11 @@ export const make = <I, A, E>(options: {
     return batch
   }
 
-  // One batch at a time, until the queue is empty; each answer goes to its own caller.
+  // One lane: a batch at a time, until the queue is empty; each answer goes to its own caller.
   const drain: Effect.Effect<void> = Effect.suspend(() => {
     const batch = take()
     if (batch.length === 0) {
-      running = false
+      running--
       return Effect.void
     }
     return Effect.exit(options.run(batch.map((w) => w.item))).pipe(
@@ -56,8 +59,8 @@ export const make = <I, A, E>(options: {
   return (item) =>
     Effect.flatMap(Deferred.make<A, E>(), (done) => {
       queue.push({ item, done })
-      if (running) return Deferred.await(done)
-      running = true
+      if (running >= lanes) return Deferred.await(done)
+      running++
       return Effect.zipRight(Effect.forkDaemon(drain), Deferred.await(done))
     })
 }

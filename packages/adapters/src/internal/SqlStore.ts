@@ -117,10 +117,13 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
   // Only well-formed credentials reach the one-statement paths; anything else can only be refused.
   const acceptable = (i: Store.ResultInput) => [i.reservationId, i.deviceId, i.fence, i.now].every(isId)
 
-  // Postgres: single results merged into one acceptMany while one is in flight (bounded batch;
-  // two results of one reservation never share a batch). Null: not accepted by the statement.
+  // Postgres: single results merged into one acceptMany while batches are in flight (bounded
+  // batch; two results of one reservation never share a batch). Two batches may run at once, so
+  // the next one forms and runs while the previous waits for its commit (fsync). Null: not
+  // accepted by the statement.
   const acceptOne = Coalesce.make<Store.ResultInput, Assignment.Receipt | null, Errors.StoreError>({
     max: 64,
+    inFlight: 2,
     fits: (i, batch) => batch.every((b) => b.reservationId !== i.reservationId),
     run: (batch) =>
       retryConflicts(mapped(SubmitResults.acceptMany(sql, batch))).pipe(
@@ -146,10 +149,12 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
       })
     )
 
-  // Postgres, without a fleet-wide cap: single claims merged into one statement while one is in
-  // flight, when they share configuration and sources (bounded batch; one (device, slot) once).
+  // Postgres, without a fleet-wide cap: single claims merged into one statement while batches are
+  // in flight (two at most, as for results), when they share configuration and sources (bounded
+  // batch; one (device, slot) once).
   const claimOne = Coalesce.make<Store.ClaimRequest, Assignment.Assignment | null, Errors.StoreError>({
     max: 64,
+    inFlight: 2,
     fits: (r, batch) => batch.length === 0 || (batch[0].config === r.config && sameSources(batch[0].sources, r.sources) && batch.every((b) => b.deviceId !== r.deviceId || b.slot !== r.slot)),
     run: (batch) =>
       Effect.map(claimFast(batch.map((r) => ({ deviceId: r.deviceId, slot: r.slot, now: r.now })), batch[0], false), (taken) =>
@@ -493,6 +498,11 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         const refused = Claim.refuseSlots(slots, mine.map((a) => Number(a.slot)), req.slots)
         if (refused) return yield* refused
         if (req.slots.length === 0) return []
+        if (req.sourceCap === undefined && isPg && fastClaimable(req, req.slots)) {
+          // checked under the device's row lock: the one-statement claim takes every slot in order
+          const taken = yield* claimStatementFor(req.slots.map((slot) => ({ deviceId: req.deviceId, slot, now: req.now })), req, true)
+          return req.slots.flatMap((_, i) => (taken.has(i) ? [taken.get(i)!] : []))
+        }
         if (req.sourceCap === undefined) {
           const taken = [...(yield* claimBatch(sql, req, isPg, req.slots.length))].sort((a, b) => a.id - b.id)
           return taken.length === 0 ? [] : yield* insertAssignments(req.deviceId, slots, req, taken, req.slots)
@@ -557,11 +567,21 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
     shared: Pick<Store.ClaimRequest, "config" | "sources">,
     whole: boolean
   ): Effect.Effect<ReadonlyMap<number, Assignment.Assignment> | null, Errors.StoreError> {
+    return retryConflicts(mapped(claimStatementFor(reqs, shared, whole))).pipe(
+      // The schema refused a slot taken meanwhile: the transaction names the reason.
+      Effect.catchIf((e) => e.reason === "constraint", () => Effect.succeed(null))
+    )
+  }
+
+  // The statement of claimFast, also run by the claim transaction once its checks passed.
+  function claimStatementFor(
+    reqs: ReadonlyArray<{ readonly deviceId: number; readonly slot: number; readonly now: number }>,
+    shared: Pick<Store.ClaimRequest, "config" | "sources">,
+    whole: boolean
+  ) {
     const pol = policyRows(shared.config)
     const sources = shared.sources ?? Source.sources
-    return retryConflicts(
-      mapped(
-        Effect.map(
+    return Effect.map(
           sql<Row>`${sql.literal(Prepared.marker)}
             WITH req AS (
               SELECT * FROM unnest(${reqs.map((r) => r.deviceId)}::bigint[], ${reqs.map((r) => r.slot)}::int[], ${reqs.map((r) => r.now)}::bigint[])
@@ -607,11 +627,6 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
             return out
           }
         )
-      ).pipe(
-        // The schema refused a slot taken meanwhile: the transaction names the reason.
-        Effect.catchIf((e) => e.reason === "constraint", () => Effect.succeed(null))
-      )
-    )
   }
 
   // One statement for any number of observations: columns as arrays (Postgres) or one JSON
