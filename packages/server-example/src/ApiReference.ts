@@ -44,7 +44,7 @@ export const worker: ReadonlyArray<Endpoint> = [
     summary:
       "Appends a batch of phase events to the caller's reservation, idempotently by sequence number: an already accepted sequence with the same content answers `duplicate` with its original `acceptedAt`. Progress never renews any deadline: `assignmentExpiry` is returned so a client can see it did not move.",
     body: WorkerApi.ProgressRequest,
-    example: { fence: 1, events: [{ seq: 1, kind: "phase", phase: "preparing", at: 1764579600000, detail: "cloning" }] },
+    example: { fence: 1, events: [{ seq: 1, kind: "phase", phase: "assigned", at: 1764579600000, detail: "slot 0" }] },
     response: { status: 200, schema: WorkerApi.ProgressResponse },
     errors: [
       "403 `reservation_refused:not_owner` | `stale_fence` | `expired` | `not_active`",
