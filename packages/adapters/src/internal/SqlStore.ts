@@ -5,6 +5,7 @@ import * as Codec from "./Codec.js"
 import * as Rollups from "./Rollups.js"
 import * as Prepared from "./Prepared.js"
 import * as Coalesce from "./Coalesce.js"
+import * as Dialect from "./Dialect.js"
 import { mapped } from "./SqlErrors.js"
 import { claimBatch, claimNext, claimStatement } from "./queries/claimNext.js"
 import * as Progress from "./queries/appendProgress.js"
@@ -21,19 +22,18 @@ const byText = (a: string, b: string) => a.localeCompare(b)
 
 /**
  * The Store port over an `@effect/sql` client. Postgres and SQLite share the
- * statements; where they differ (row locks, batch shapes, percentiles) the
- * dialect is chosen here. Every method is one statement or one transaction,
- * and every SqlError leaves as a StoreError.
+ * statements; what differs in them (row locks, JSON parameters, the write lock) is the
+ * client's `Dialect`, and the operations whose statements differ as a whole (batch
+ * shapes: `unnest` against `json_each`) are chosen by dialect once, here. Each operation is
+ * one statement or one transaction, with at most one fallback (a transaction that names the
+ * exact reason of what the statement did not take), and every SqlError leaves as a StoreError.
  */
 export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> = Effect.gen(function* () {
   const sql = yield* SqlClient.SqlClient
-  const isPg = sql.onDialectOrElse({ pg: () => true, orElse: () => false })
-  const forUpdate = sql.literal(isPg ? " FOR UPDATE" : "")
+  const dialect = Dialect.of(sql)
+  const isPg = dialect.name === "pg"
+  const { forUpdate, writeLock } = dialect
 
-  // SQLite's client opens transactions with a deferred BEGIN; a first no-op
-  // write takes the database's write lock at once, as BEGIN IMMEDIATE would, so
-  // a transaction never reads and then fails to upgrade (SQLITE_BUSY).
-  const writeLock = isPg ? Effect.void : sql`UPDATE targets SET fence = fence WHERE 0`
   // A deadlock or serialization failure aborted the whole statement or transaction
   // before anything was committed: it is safe to run again.
   const retryConflicts = <A, E, R>(self: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
@@ -43,7 +43,6 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
     })
   const transaction = <A, E, R>(self: Effect.Effect<A, E, R>) =>
     retryConflicts(mapped(sql.withTransaction(Effect.zipRight(writeLock, self))))
-  const jsonParam = (v: unknown) => (isPg ? sql`${JSON.stringify(v)}::jsonb` : sql`${JSON.stringify(v)}`)
 
   const loadAssignment = (reservationId: number, lock: boolean) =>
     isId(reservationId)
@@ -264,7 +263,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
           // SKIP LOCKED: two sweepers expire disjoint sets; a reservation being completed right now is left alone.
           const due = (yield* sql<Row>`
             SELECT * FROM assignments WHERE state = 'active' AND expires_at <= ${req.now}
-            ORDER BY expires_at, reservation_id LIMIT ${limit}${isPg ? sql.literal(" FOR UPDATE SKIP LOCKED") : sql.literal("")}`).map(Codec.assignment)
+            ORDER BY expires_at, reservation_id LIMIT ${limit}${dialect.skipLocked}`).map(Codec.assignment)
           if (due.length === 0) return []
           const ids = due.map((a) => a.reservationId)
           yield* sql`
@@ -391,7 +390,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
       }
       const slots = Array.from({ length: Rollups.width }, (_, i) => i)
       // Raw rows group by bytes, as the rollups' "C" columns do on Postgres.
-      const bytes = isPg ? ' COLLATE "C"' : ""
+      const bytes = dialect.bytes
       // Whole days, six hours, hours and ten minutes come from the rollups, what is left at the two
       // ends from raw rows: counts of exactly the window, in log buckets.
       const parts = Rollups.plan(q.from, q.to).map((p) =>
@@ -451,7 +450,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
           Effect.map(
             sql<{ version: number }>`
               INSERT INTO config_versions (version, document, applied_by, applied_at)
-              SELECT COALESCE(MAX(version), 0) + 1, ${jsonParam(document)}, ${appliedBy}, ${now} FROM config_versions
+              SELECT COALESCE(MAX(version), 0) + 1, ${dialect.json(document)}, ${appliedBy}, ${now} FROM config_versions
               RETURNING version`,
             ([r]): Store.ConfigVersion => ({ version: Number(r.version), document, appliedBy, appliedAt: now })
           )
@@ -509,7 +508,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         }
         // A fleet-wide cap is a count over other devices' rows: serialise capped claims so two cannot both
         // see room, and take one target at a time, each stored before the next one is counted.
-        if (isPg) yield* sql`SELECT pg_advisory_xact_lock(${CAP_LOCK})`
+        yield* dialect.capLock
         const issued: Array<Assignment.Assignment> = []
         for (const slot of req.slots) {
           const t = yield* claimNext(sql, req, isPg)
@@ -537,7 +536,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         VALUES ${sql.join(", ", false)(
           rows.map(
             ({ t, slot, policy, deadlines }) =>
-              sql`(${t.id}, ${t.source}, ${t.identity}, ${deviceId}, ${deviceSlots}, ${slot}, ${t.fence}, ${jsonParam(policy)}, ${t.coveredRemoteAt},
+              sql`(${t.id}, ${t.source}, ${t.identity}, ${deviceId}, ${deviceSlots}, ${slot}, ${t.fence}, ${dialect.json(policy)}, ${t.coveredRemoteAt},
                 ${deadlines.issuedAt}, ${deadlines.scanDeadline}, ${deadlines.uploadDeadline}, ${deadlines.expiresAt}, 'active')`
           )
         )}
@@ -680,7 +679,4 @@ const fastClaimable = (req: Pick<Store.ClaimRequest, "deviceId" | "now" | "confi
   const rows = policyRows(req.config)
   return rows.exact && (req.sources ?? Source.sources).every((s) => rows.sources.includes(s))
 }
-
-// The advisory lock key that serialises claims under a per-source cap ("sfcap" in ASCII).
-const CAP_LOCK = 0x7366636170
 
