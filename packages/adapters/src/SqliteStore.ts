@@ -1,5 +1,5 @@
 import * as Reactivity from "@effect/experimental/Reactivity"
-import { SqlClient } from "@effect/sql"
+import { SqlClient, type SqlError } from "@effect/sql"
 import { Config, Context, Effect, Layer } from "effect"
 import { Errors, Store } from "@scanfleet/core"
 import * as Migrate from "./internal/Migrate.js"
@@ -39,13 +39,19 @@ export const make: Effect.Effect<Store.StoreShape, Errors.StoreError, SqlClient.
 /** The Store over a database opened by `clientLayer` (or its own), migrating first. */
 export const layerFromClient: Layer.Layer<Store.Store, Errors.StoreError, SqlClient.SqlClient | Database> = Layer.effect(Store.Store, make)
 
+// A file that cannot be opened (a missing directory is a TypeError in better-sqlite3) is unavailable, not a defect.
+const openingError = (e: SqlError.SqlError): Errors.StoreError => {
+  const mapped = toStoreError(e)
+  return mapped.reason === "internal" ? new Errors.StoreError({ reason: "unavailable", message: mapped.message, cause: mapped.cause }) : mapped
+}
+
 /**
  * The database file as a `SqlClient` and a `Database`, one connection in WAL mode,
  * created if missing: for a Store and for any other port that shares the file.
  */
 export const clientLayer = (options: Options): Layer.Layer<SqlClient.SqlClient | Database, Errors.StoreError> =>
   Layer.scopedContext(
-    Effect.map(Effect.mapError(Connection.make(options), toStoreError), ({ client, database }) => Context.make(SqlClient.SqlClient, client).pipe(Context.add(Database, database)))
+    Effect.map(Effect.mapError(Connection.make(options), openingError), ({ client, database }) => Context.make(SqlClient.SqlClient, client).pipe(Context.add(Database, database)))
   ).pipe(Layer.provide(Reactivity.layer))
 
 /**

@@ -2,6 +2,8 @@ import * as Reactivity from "@effect/experimental/Reactivity"
 import { SqlClient, SqlConnection, SqlError, Statement } from "@effect/sql"
 import Sqlite from "better-sqlite3"
 import { Duration, Effect, Schedule, Scope } from "effect"
+import { createRequire } from "node:module"
+import { Worker } from "node:worker_threads"
 
 /** How a SQLite database file is opened. */
 export interface Options {
@@ -70,7 +72,10 @@ export const make = (options: Options): Effect.Effect<{ readonly client: SqlClie
       (db) => Effect.sync(() => db.close())
     )
     const busyTimeout = options.busyTimeout ?? Duration.seconds(5)
-    const retryBusy = <A>(self: Effect.Effect<A, SqlError.SqlError>) => Effect.retry(self, { while: isBusy, schedule: busySchedule(busyTimeout) })
+    // The schedule is built only once a first try found the lock taken: the common path pays nothing for it.
+    const retryBusyWhile = <A>(self: Effect.Effect<A, SqlError.SqlError>, more: (e: SqlError.SqlError) => boolean) =>
+      Effect.catchIf(self, isBusy, () => Effect.retry(self, { while: more, schedule: busySchedule(busyTimeout) }))
+    const retryBusy = <A>(self: Effect.Effect<A, SqlError.SqlError>) => retryBusyWhile(self, isBusy)
     const attempt = <A>(message: string, f: () => A) =>
       Effect.try({ try: f, catch: (cause) => new SqlError.SqlError({ cause, message }) })
     yield* retryBusy(
@@ -79,6 +84,8 @@ export const make = (options: Options): Effect.Effect<{ readonly client: SqlClie
         db.pragma(`synchronous = ${options.synchronous === "full" ? "FULL" : "NORMAL"}`)
       })
     )
+
+    if (options.disableWAL !== true && options.readonly !== true) yield* checkpointer(db, options.filename)
 
     // The text @effect/sql sends to begin a transaction that the acquirer has already begun.
     const begun = "-- begun by the transaction acquirer"
@@ -175,10 +182,49 @@ export const make = (options: Options): Effect.Effect<{ readonly client: SqlClie
       run: (f, o) => {
         const once = permit.withPermits(1)(attempt("Failed to run a transaction", () => f(db)))
         const until = o?.until
-        return until === undefined
-          ? retryBusy(once)
-          : Effect.retry(once, { while: (e) => isBusy(e) && Date.now() <= until, schedule: busySchedule(busyTimeout) })
+        return until === undefined ? retryBusy(once) : retryBusyWhile(once, (e) => isBusy(e) && Date.now() <= until)
       }
     }
     return { client, database }
   })
+
+// Runs in a worker thread: PASSIVE checkpoints on a connection of its own, which never
+// block the writer and keep their page copies and fsyncs off the event loop.
+const checkpointerSource = `
+  const { workerData, parentPort } = require("node:worker_threads")
+  const Sqlite = require(workerData.module)
+  const db = new Sqlite(workerData.filename, { timeout: 0 })
+  const checkpoint = () => { try { db.pragma("wal_checkpoint(PASSIVE)") } catch {} }
+  const timer = setInterval(checkpoint, workerData.intervalMs)
+  parentPort.once("message", () => { clearInterval(timer); checkpoint(); db.close(); parentPort.close() })`
+
+/**
+ * Moves WAL checkpoints off the event loop: SQLite's automatic checkpoint runs inside
+ * a COMMIT and copies pages and syncs the file there, seconds on a busy disk. It is
+ * turned off on this connection and a worker thread checkpoints every 250 ms instead;
+ * should the thread fail, the automatic checkpoint is turned back on.
+ */
+const checkpointer = (db: Sqlite.Database, filename: string) =>
+  Effect.acquireRelease(
+    Effect.sync(() => {
+      db.pragma("wal_autocheckpoint = 0")
+      const worker = new Worker(checkpointerSource, {
+        eval: true,
+        workerData: { module: createRequire(import.meta.url).resolve("better-sqlite3"), filename, intervalMs: 250 }
+      })
+      worker.unref()
+      worker.on("error", () => {
+        if (db.open) db.pragma("wal_autocheckpoint = 1000")
+      })
+      return worker
+    }),
+    (worker) =>
+      Effect.async<void>((resume) => {
+        const timer = setTimeout(() => void worker.terminate().finally(() => resume(Effect.void)), 2000)
+        worker.once("exit", () => {
+          clearTimeout(timer)
+          resume(Effect.void)
+        })
+        worker.postMessage("stop")
+      })
+  )

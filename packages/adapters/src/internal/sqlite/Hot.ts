@@ -26,25 +26,39 @@ export const make = (database: Database) => {
   const db = database.db
   const st = statements(db)
 
-  // Runs `f` as one IMMEDIATE transaction; a thrown Refusal rolls back and fails with its error.
-  const transaction = <A, E>(f: () => A, until?: number): Effect.Effect<A, E | Errors.StoreError> =>
-    mapped(
-      Effect.flatMap(
-        database.run((): Either.Either<A, E> => {
-          try {
-            return Either.right(db.transaction(f).immediate())
-          } catch (e) {
-            if (e instanceof Refusal) return Either.left(e.error as E)
-            throw e
-          }
-        }, until === undefined ? undefined : { until }),
-        (r): Effect.Effect<A, E | SqlError.SqlError> => r
+  // One better-sqlite3 transaction function per operation, made once: `f` runs inside
+  // BEGIN IMMEDIATE ... COMMIT, and a thrown Refusal rolls back and fails with its error.
+  const transaction = <I, A, E>(f: (input: I) => A) => {
+    const tx = db.transaction(f)
+    return (input: I, until?: number): Effect.Effect<A, E | Errors.StoreError> =>
+      mapped(
+        Effect.flatMap(
+          database.run((): Either.Either<A, E> => {
+            try {
+              return Either.right(tx.immediate(input))
+            } catch (e) {
+              if (e instanceof Refusal) return Either.left(e.error as E)
+              throw e
+            }
+          }, until === undefined ? undefined : { until }),
+          (r): Effect.Effect<A, E | SqlError.SqlError> => r
+        )
       )
-    )
+  }
+
+  const claimTx = transaction<Store.ClaimManyRequest, ReadonlyArray<Assignment.Assignment>, Errors.ClaimRejected>((req) => claimSlots(req))
+  const resultTx = transaction<Store.ResultInput, Either.Either<Assignment.Receipt, Errors.ReservationRefused>, never>((input) => submitOne(input))
+  const resultsTx = transaction<ReadonlyArray<Store.ResultInput>, ReadonlyArray<Either.Either<Assignment.Receipt, Errors.ReservationRefused>>, never>((inputs) => inputs.map(submitOne))
+  const progressTx = transaction<
+    { readonly auth: Store.Authority; readonly batch: ReadonlyArray<PhaseModel.Event> },
+    { readonly results: ReadonlyArray<Store.Acceptance>; readonly assignment: Assignment.Assignment },
+    Errors.ReservationRefused | Errors.ProgressRejected
+  >(({ auth, batch }) => progress(auth, batch))
+  const recordTx = transaction<{ readonly batch: ReadonlyArray<Target.Observation>; readonly now: number }, Store.RecordResult, never>(({ batch, now }) => record(batch, now))
 
   // A claim waits for another process's write lock no longer than its client does.
   const claimTransaction = (req: Store.ClaimManyRequest) =>
-    transaction<ReadonlyArray<Assignment.Assignment>, Errors.ClaimRejected>(() => claimSlots(req), req.notAfter).pipe(
+    claimTx(req, req.notAfter).pipe(
       Effect.catchIf(
         (e): e is Errors.StoreError => e._tag === "StoreError" && e.reason === "conflict" && req.notAfter !== undefined && Date.now() > req.notAfter,
         () => Effect.fail(Claim.deadlinePassed(req.notAfter!))
@@ -59,10 +73,11 @@ export const make = (database: Database) => {
   const loadTarget = (id: number) => Codec.target(st.target.get(id) as Row)
 
   function claimSlots(req: Store.ClaimManyRequest): ReadonlyArray<Assignment.Assignment> {
-    const unknown = new Errors.ClaimRejected({ reason: "unknown_device", message: `device ${req.deviceId} is not registered or was revoked` })
-    if (!isId(req.deviceId)) throw new Refusal(unknown)
+    // Built only when refused: an error captures a stack trace.
+    const unknown = () => new Refusal(new Errors.ClaimRejected({ reason: "unknown_device", message: `device ${req.deviceId} is not registered or was revoked` }))
+    if (!isId(req.deviceId)) throw unknown()
     const d = st.device.get(req.deviceId) as { slots: number; revoked_at: number | null } | undefined
-    if (!d || d.revoked_at !== null) throw new Refusal(unknown)
+    if (!d || d.revoked_at !== null) throw unknown()
     const refused = Claim.refuseSlots(d.slots, st.busySlots.all(req.deviceId) as Array<number>, req.slots)
     if (refused) throw new Refusal(refused)
     if (req.slots.length === 0) return []
@@ -148,16 +163,11 @@ export const make = (database: Database) => {
   return {
     claim: (req: Store.ClaimRequest) => Effect.map(claimTransaction({ ...req, slots: [req.slot] }), (as) => as[0] ?? null),
     claimMany: claimTransaction,
-    submitResult: (input: Store.ResultInput) =>
-      Effect.flatMap(
-        transaction<Either.Either<Assignment.Receipt, Errors.ReservationRefused>, never>(() => submitOne(input)),
-        (r): Effect.Effect<Assignment.Receipt, Errors.ReservationRefused> => r
-      ),
+    submitResult: (input: Store.ResultInput) => Effect.flatMap(resultTx(input), (r): Effect.Effect<Assignment.Receipt, Errors.ReservationRefused> => r),
     // One transaction for the batch: each result judged after the ones before it, as one at a time.
-    submitResults: (inputs: ReadonlyArray<Store.ResultInput>) => transaction<ReadonlyArray<Either.Either<Assignment.Receipt, Errors.ReservationRefused>>, never>(() => inputs.map(submitOne)),
-    appendProgress: (auth: Store.Authority, batch: ReadonlyArray<PhaseModel.Event>) =>
-      transaction<{ readonly results: ReadonlyArray<Store.Acceptance>; readonly assignment: Assignment.Assignment }, Errors.ReservationRefused | Errors.ProgressRejected>(() => progress(auth, batch)),
-    recordObservations: (batch: ReadonlyArray<Target.Observation>, now: number) => transaction<Store.RecordResult, never>(() => record(batch, now))
+    submitResults: (inputs: ReadonlyArray<Store.ResultInput>) => resultsTx(inputs),
+    appendProgress: (auth: Store.Authority, batch: ReadonlyArray<PhaseModel.Event>) => progressTx({ auth, batch }),
+    recordObservations: (batch: ReadonlyArray<Target.Observation>, now: number) => recordTx({ batch, now })
   } satisfies Partial<Store.StoreShape>
 }
 
