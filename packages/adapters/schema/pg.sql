@@ -24,7 +24,8 @@ CREATE TABLE assignments (
   expired_at bigint,
   expiry_last_phase text,
   expiry_last_progress_at bigint,
-  device_slots integer NOT NULL
+  device_slots integer NOT NULL,
+  result_body text
 );
 
 CREATE TABLE audit_log (
@@ -80,6 +81,10 @@ CREATE TABLE devices (
   revoked_at bigint,
   containment text,
   reported_at bigint
+);
+
+CREATE TABLE duration_pending (
+  reservation_id bigint NOT NULL
 );
 
 CREATE TABLE duration_rollup_deltas (
@@ -196,14 +201,6 @@ CREATE TABLE progress_events (
   accepted_at bigint NOT NULL
 );
 
-CREATE TABLE results (
-  reservation_id bigint NOT NULL,
-  receipt_id text NOT NULL,
-  outcome text NOT NULL,
-  accepted_at bigint NOT NULL,
-  body text NOT NULL
-);
-
 CREATE TABLE scanfleet_migrations (
   migration_id integer NOT NULL,
   created_at timestamp with time zone DEFAULT now() NOT NULL,
@@ -261,9 +258,6 @@ ALTER TABLE fleet ADD CONSTRAINT fleet_pkey PRIMARY KEY (one);
 ALTER TABLE leases ADD CONSTRAINT leases_pkey PRIMARY KEY (name);
 ALTER TABLE progress_events ADD CONSTRAINT progress_events_pkey PRIMARY KEY (reservation_id, seq);
 ALTER TABLE progress_events ADD CONSTRAINT progress_events_reservation_id_fkey FOREIGN KEY (reservation_id) REFERENCES assignments(reservation_id);
-ALTER TABLE results ADD CONSTRAINT results_pkey PRIMARY KEY (reservation_id);
-ALTER TABLE results ADD CONSTRAINT results_receipt_id_key UNIQUE (receipt_id);
-ALTER TABLE results ADD CONSTRAINT results_reservation_id_fkey FOREIGN KEY (reservation_id) REFERENCES assignments(reservation_id);
 ALTER TABLE scanfleet_migrations ADD CONSTRAINT scanfleet_migrations_pkey PRIMARY KEY (migration_id);
 ALTER TABLE source_pauses ADD CONSTRAINT source_pauses_pkey PRIMARY KEY (source);
 ALTER TABLE source_pauses ADD CONSTRAINT source_pauses_source_check CHECK ((source = ANY (ARRAY['github'::text, 'gitlab'::text, 'huggingface'::text, 'dockerhub'::text])));
@@ -295,8 +289,6 @@ CREATE INDEX durations_source_idx ON durations USING btree (source, metric, outc
 CREATE UNIQUE INDEX fleet_pkey ON fleet USING btree (one);
 CREATE UNIQUE INDEX leases_pkey ON leases USING btree (name);
 CREATE UNIQUE INDEX progress_events_pkey ON progress_events USING btree (reservation_id, seq);
-CREATE UNIQUE INDEX results_pkey ON results USING btree (reservation_id);
-CREATE UNIQUE INDEX results_receipt_id_key ON results USING btree (receipt_id);
 CREATE UNIQUE INDEX scanfleet_migrations_pkey ON scanfleet_migrations USING btree (migration_id);
 CREATE UNIQUE INDEX source_pauses_pkey ON source_pauses USING btree (source);
 CREATE UNIQUE INDEX target_retries_pkey ON target_retries USING btree (target_id);

@@ -24,7 +24,7 @@ CREATE TABLE assignments (
       expired_at BIGINT,
       expiry_last_phase TEXT,
       expiry_last_progress_at BIGINT
-    , device_slots INTEGER);
+    , device_slots INTEGER, result_body TEXT);
 
 CREATE TABLE audit_log (
       id INTEGER PRIMARY KEY,
@@ -121,14 +121,6 @@ CREATE TABLE progress_events (
       detail TEXT,
       accepted_at BIGINT NOT NULL,
       PRIMARY KEY (reservation_id, seq)
-    );
-
-CREATE TABLE results (
-      reservation_id BIGINT PRIMARY KEY REFERENCES assignments (reservation_id),
-      receipt_id TEXT NOT NULL UNIQUE,
-      outcome TEXT NOT NULL,
-      accepted_at BIGINT NOT NULL,
-      body TEXT NOT NULL
     );
 
 CREATE TABLE "scanfleet_migrations" (

@@ -940,6 +940,33 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
             }
           }))
 
+        test("16 racing callers of single claims and single results are each answered once, with their own fenced reservation and receipt", (s) =>
+          Effect.gen(function* () {
+            const devices = yield* Effect.forEach(Array.from({ length: 8 }, (_, i) => i), (i) => addDevice(s, 2, `merge-${i}`))
+            yield* s.recordObservations(Array.from({ length: 20 }, (_, i) => obs("github", `merge/${i}`, T0 - i)), T0)
+            const callers = devices.flatMap((d) => [0, 1].map((slot) => ({ deviceId: d.id, slot })))
+            const claimed = yield* Effect.all(callers.map((c, i) => s.claim({ ...c, now: T0 + i, config })), { concurrency: "unbounded" })
+            // every caller got a reservation of its own slot, on a distinct target, issued at its own time
+            expect(claimed.map((a) => a && [a.deviceId, a.slot, a.issuedAt])).toEqual(callers.map((c, i) => [c.deviceId, c.slot, T0 + i]))
+            expect(new Set(claimed.map((a) => a!.targetId)).size).toBe(16)
+            for (const a of claimed) expect((yield* s.getTarget("github", a!.identity))).toMatchObject({ status: "in_progress", fence: a!.fence })
+            // each result raced by a copy of itself, and by a write under a stale fence
+            const input = (a: Assignment.Assignment, fence: number) => ({ deviceId: a.deviceId, reservationId: a.reservationId, fence, now: T0 + MIN, outcome: "clean" as const, finalPhase: null, body: "{}" })
+            const answers = yield* Effect.all(
+              claimed.flatMap((a) => [input(a!, a!.fence), input(a!, a!.fence), input(a!, a!.fence - 1)]).map((i) => Effect.either(s.submitResult(i))),
+              { concurrency: "unbounded" }
+            )
+            claimed.forEach((a, i) => {
+              const receipt = { receiptId: `rc-${a!.reservationId}-${a!.fence}`, reservationId: a!.reservationId, outcome: "clean", acceptedAt: T0 + MIN }
+              expect(answers[3 * i]).toEqual(Either.right(receipt))
+              expect(answers[3 * i + 1]).toEqual(Either.right(receipt))
+              expect(Either.isLeft(answers[3 * i + 2]) && answers[3 * i + 2]).toMatchObject({ left: { _tag: "ReservationRefused", reason: "stale_fence" } })
+            })
+            expect((yield* s.countTargets()).filter((c) => c.status === "completed")).toEqual([{ source: "github", status: "completed", count: 16 }])
+            const [e2e] = yield* s.percentiles({ from: T0, to: T0 + DAY, source: "github", metric: "end_to_end", minSamples: 1 })
+            expect(e2e.count).toBe(16)
+          }))
+
         test("racing claims on many connections never take a target twice nor fill a device past its slots", (s) =>
           Effect.gen(function* () {
             const devices = yield* Effect.forEach([0, 1, 2, 3, 4, 5, 6, 7], (i) => addDevice(s, 3, `racer-${i}`))

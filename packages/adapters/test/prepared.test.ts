@@ -36,7 +36,7 @@ describe("prepared hot statements on PostgreSQL", () => {
       const hot = rows.filter((r) => r.name.startsWith("sf_"))
       expect(hot.every((r) => r.statement.startsWith(marker))).toBe(true)
       expect(hot.some((r) => r.statement.includes("INSERT INTO assignments"))).toBe(true)
-      expect(hot.some((r) => r.statement.includes("INSERT INTO results"))).toBe(true)
+      expect(hot.some((r) => r.statement.includes("INSERT INTO duration_pending"))).toBe(true)
       // ten claims and ten results reused the two statements
       expect(hot.filter((r) => Number(r.calls) >= 10).length).toBeGreaterThanOrEqual(2)
     }), 60_000)

@@ -26,15 +26,16 @@ describe("recording a batch of 10,000 observations costs O(1) round trips", () =
       expect(wire.sent.length - before).toBe(2)
     }).pipe(Effect.scoped))
 
-  it.live("sqlite: a constant number of statements in one transaction, whatever the batch size", () =>
+  it.live("sqlite: one transaction of prepared statements whatever the batch size; no statement is compiled per call", () =>
     Effect.gen(function* () {
       const store = yield* Store.Store
       const small = yield* countStatements(store.recordObservations(batch(10, T0), T0))
       const large = yield* countStatements(store.recordObservations(batch(10_000, T0 + 1), T0 + 1))
+      expect(small.value.inserted).toHaveLength(10)
       expect(large.value.inserted).toHaveLength(9_990)
-      expect(large.statements).toBe(small.statements)
-      // the write lock, the id watermark and the upsert
-      expect(large.statements).toBe(3)
+      expect(large.value.known).toBe(10)
+      // In-process, a prepared statement costs no round trip: none goes through @effect/sql's compiler.
+      expect([small.statements, large.statements]).toEqual([0, 0])
     }).pipe(Effect.provide(freshSqlite())))
 
   it.live("postgres through the tracer agrees: one statement per batch", () =>
@@ -86,23 +87,22 @@ describe("a progress batch costs O(1) round trips, whatever its size", () => {
       expect(sent(before)).toBe(1)
     }).pipe(Effect.scoped))
 
-  it.live("sqlite: two statements in the write transaction for a batch that starts where the timeline ends, four when it resends accepted events", () =>
+  it.live("sqlite: one transaction of prepared statements for a fresh batch and for one that resends accepted events; none compiled per call", () =>
     Effect.gen(function* () {
       const store = yield* Store.Store
       const auth = yield* reserved(store)
       const fresh = yield* countStatements(store.appendProgress(auth, progress(1, 1000)))
       expect(fresh.value.assignment.lastSeq).toBe(1000)
-      // the gated update of the reservation (it also takes the write lock) and the insert
-      expect(fresh.statements).toBe(2)
+      expect(fresh.statements).toBe(0)
       const half = yield* countStatements(store.appendProgress({ ...auth, now: T0 + 2 }, progress(501, 1000)))
       expect(half.value.results.filter((r) => r.status === "duplicate")).toHaveLength(500)
-      // the gated update that missed, the read, the insert and the update
-      expect(half.statements).toBe(4)
+      expect(half.value.results.filter((r) => r.status === "accepted")).toHaveLength(500)
+      expect(half.statements).toBe(0)
     }).pipe(Effect.provide(freshSqlite())))
 })
 
 describe("a result costs a constant number of statements, whatever the timeline's length", () => {
-  it.live("sqlite: five statements in the write transaction for an accepted result, one for a resubmission", () =>
+  it.live("sqlite: one transaction of prepared statements for an accepted result and for a resubmission; none compiled per call", () =>
     Effect.gen(function* () {
       const store = yield* Store.Store
       const auth = yield* reserved(store)
@@ -110,11 +110,9 @@ describe("a result costs a constant number of statements, whatever the timeline'
       const result = { ...auth, now: T0 + 2, outcome: "clean" as const, finalPhase: "staging" as const, body: "{}" }
       const first = yield* countStatements(store.submitResult(result))
       expect(first.value.acceptedAt).toBe(T0 + 2)
-      // the no-op update that takes the write lock and reads the reservation, its prior result, target and
-      // timeline; then the target, the result, the durations and the reservation
-      expect(first.statements).toBe(5)
+      expect(first.statements).toBe(0)
       const again = yield* countStatements(store.submitResult({ ...result, now: T0 + 3 }))
       expect(again.value).toEqual(first.value)
-      expect(again.statements).toBe(1)
+      expect(again.statements).toBe(0)
     }).pipe(Effect.provide(freshSqlite())))
 })

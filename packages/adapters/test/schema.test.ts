@@ -5,7 +5,7 @@ import { join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
-import { SqliteClient } from "@effect/sql-sqlite-node"
+import type { Errors, Store } from "@scanfleet/core"
 import { describe, expect, it } from "@effect/vitest"
 import { Migrator as SqlMigrator } from "@effect/sql"
 import { Effect, Layer, Redacted } from "effect"
@@ -36,8 +36,8 @@ const withPg = <A, E>(self: Effect.Effect<A, E, SqlClient.SqlClient>) =>
     })
   )
 
-const withSqlite = <A, E>(self: Effect.Effect<A, E, SqlClient.SqlClient>) =>
-  Effect.provide(self, SqliteClient.layer({ filename: join(mkdtempSync(join(tmpdir(), "scanfleet-schema-")), "schema.db") }))
+const withSqlite = <A, E>(self: Effect.Effect<A, E, SqlClient.SqlClient | SqliteStore.Database>) =>
+  Effect.provide(self, SqliteStore.clientLayer({ filename: join(mkdtempSync(join(tmpdir(), "scanfleet-schema-")), "schema.db") }))
 
 describe("schema", () => {
   it("both dialects have the same migration id list", () => {
@@ -69,7 +69,7 @@ describe("schema", () => {
     ))
 
   // A database left at the oldest schema version, holding data, is upgraded in place by opening a store.
-  const upgrade = (first: Effect.Effect<void, unknown, SqlClient.SqlClient>, make: typeof PgStore.make) =>
+  const upgrade = <R>(first: Effect.Effect<void, unknown, SqlClient.SqlClient>, make: Effect.Effect<Store.StoreShape, Errors.StoreError, R>) =>
     Effect.gen(function* () {
       const ran = yield* SqlMigrator.make({})({ loader: SqlMigrator.fromRecord({ "0001_queue": first }), table: Migrator.table })
       expect(ran).toEqual([[1, "queue"]])

@@ -41,6 +41,17 @@ export const refuseSlots = (deviceSlots: number, busy: ReadonlyArray<number>, re
   return undefined
 }
 
+/**
+ * A claim that would commit at `now` after its client's deadline `notAfter`:
+ * the refusal, else `undefined` (also when there is no deadline).
+ */
+export const pastDeadline = (notAfter: number | undefined, now: number): ClaimRejected | undefined =>
+  notAfter !== undefined && now > notAfter ? deadlinePassed(notAfter) : undefined
+
+/** The refusal of a claim whose client gave up at `notAfter`. */
+export const deadlinePassed = (notAfter: number): ClaimRejected =>
+  new ClaimRejected({ reason: "deadline_passed", message: `the client stopped waiting at ${new Date(notAfter).toISOString()}; nothing was claimed` })
+
 /** True when a write made under `fence` still holds authority over the target. */
 export const holds = (t: Target, fence: number): boolean => t.status === "in_progress" && t.fence === fence
 

@@ -3,7 +3,7 @@ import type { Phase } from "./PhaseModel.js"
 
 /** A claim that could not take authority; nothing changed. */
 export class ClaimRejected extends Data.TaggedError("ClaimRejected")<{
-  readonly reason: "capacity" | "slot_busy" | "source_cap" | "unknown_device" | "fence" | "not_pending"
+  readonly reason: "capacity" | "slot_busy" | "source_cap" | "unknown_device" | "fence" | "not_pending" | "deadline_passed"
   readonly message: string
 }> {}
 
@@ -22,9 +22,14 @@ export class ProgressRejected extends Data.TaggedError("ProgressRejected")<{
   readonly message: string
 }> {}
 
-/** A storage failure, mapped from the backend's own error inside the adapter. */
+/**
+ * A storage failure, mapped from the backend's own error inside the adapter.
+ * `unavailable` (unreachable), `full` (out of space or memory) and `conflict`
+ * (locked or contended) may pass on retry; `invalid` (a value the database
+ * cannot store), `constraint`, `corrupt` and `internal` (a defect) will not.
+ */
 export class StoreError extends Data.TaggedError("StoreError")<{
-  readonly reason: "unavailable" | "constraint" | "corrupt" | "conflict"
+  readonly reason: "unavailable" | "full" | "conflict" | "invalid" | "constraint" | "corrupt" | "internal"
   readonly message: string
   readonly cause?: unknown
 }> {}
@@ -34,3 +39,6 @@ export class NotFound extends Data.TaggedError("NotFound")<{
   readonly entity: "target" | "assignment" | "device" | "config"
   readonly key: string
 }> {}
+
+/** Whether running the same operation again may succeed: only for an unreachable, full or contended store. */
+export const isRetriable = (e: StoreError): boolean => e.reason === "unavailable" || e.reason === "full" || e.reason === "conflict"

@@ -5,16 +5,14 @@ import * as Deadline from "./Deadline.js"
 // The operator port's model reads this store's maps; it is only called when a layer is built.
 import * as MemoryOperations from "./MemoryOperations.js"
 import * as Operations from "./Operations.js"
-import { ClaimRejected, NotFound, ProgressRejected, ReservationRefused } from "./Errors.js"
+import { ClaimRejected, NotFound } from "./Errors.js"
 import * as Percentile from "./Percentile.js"
-import * as PhaseModel from "./PhaseModel.js"
 import * as Promotion from "./Promotion.js"
 import type { Source } from "./Source.js"
 import { Store, compareAssignmentCounts, type AssignmentCount, type ClaimManyRequest, type ConfigVersion, type CycleTotal, type Device, type Fleet, type StoreShape } from "./Store.js"
 import * as Target from "./Target.js"
+import * as WorkerWrite from "./WorkerWrite.js"
 import type { Cycle } from "./Discovery.js"
-
-type StoredEvent = PhaseModel.Event & { readonly acceptedAt: number }
 
 // A version-4 UUID from Effect's Random, so the store stays free of Node and of ambient randomness.
 const randomUuid: Effect.Effect<string> = Effect.map(
@@ -32,7 +30,7 @@ export interface State {
   readonly targets: Map<number, Target.Target>
   readonly byKey: Map<string, number>
   readonly assignments: Map<number, Assignment.Assignment>
-  readonly events: Map<number, ReadonlyArray<StoredEvent>>
+  readonly events: Map<number, ReadonlyArray<WorkerWrite.StoredEvent>>
   readonly devices: Map<number, Device & { readonly tokenHash: string }>
   readonly key: (source: Source, identity: string) => string
 }
@@ -41,9 +39,6 @@ export interface State {
 export const stateOf = new WeakMap<StoreShape, State>()
 
 const key = (source: Source, identity: string) => `${source}\u0000${identity}`
-
-const sameEvent = (a: PhaseModel.Event, b: PhaseModel.Event) =>
-  a.seq === b.seq && a.kind === b.kind && a.phase === b.phase && a.at === b.at && (a.detail ?? null) === (b.detail ?? null)
 
 /**
  * The in-memory reference implementation of the storage port. It applies
@@ -57,8 +52,7 @@ export const make = (): StoreShape => {
   const targets = new Map<number, Target.Target>()
   const byKey = new Map<string, number>()
   const assignments = new Map<number, Assignment.Assignment>()
-  const events = new Map<number, Array<StoredEvent>>()
-  const receipts = new Map<number, Assignment.Receipt>()
+  const events = new Map<number, Array<WorkerWrite.StoredEvent>>()
   const results = new Map<number, string>()
   const cycles: Array<Cycle> = []
   const durations: Array<Assignment.Duration> = []
@@ -71,24 +65,8 @@ export const make = (): StoreShape => {
   // Chosen once per store (on first read), as a SQL store chooses it once per database.
   let fleet: Fleet | null = null
 
-  const refuse = (reason: ReservationRefused["reason"], reservationId: number, message: string) =>
-    new ReservationRefused({ reason, reservationId, message })
-
-  // Checks ownership and fence of a worker write; returns the assignment.
-  const authorize = (auth: { deviceId: number; reservationId: number; fence: number }) => {
-    const a = assignments.get(auth.reservationId)
-    if (!a) return Either.left(refuse("not_found", auth.reservationId, `reservation ${auth.reservationId} does not exist`))
-    if (a.deviceId !== auth.deviceId) return Either.left(refuse("not_owner", auth.reservationId, `reservation ${auth.reservationId} belongs to another device`))
-    if (a.fence !== auth.fence)
-      return Either.left(refuse("stale_fence", auth.reservationId, `fence ${auth.fence} was superseded by ${a.fence}`))
-    return Either.right(a)
-  }
-
-  const requireLive = (a: Assignment.Assignment, now: number) => {
-    if (a.state !== "active") return Either.left(refuse(a.state === "expired" ? "expired" : "not_active", a.reservationId, `reservation ${a.reservationId} is ${a.state}`))
-    if (now >= a.expiresAt) return Either.left(refuse("expired", a.reservationId, `reservation ${a.reservationId} passed its assignment expiry`))
-    return Either.right(a)
-  }
+  // Ownership and fence of a worker write against the stored reservation, by core's rule.
+  const authorize = (auth: { deviceId: number; reservationId: number; fence: number }) => WorkerWrite.authorize(auth, assignments.get(auth.reservationId))
 
   // A claim of one slot or of several, in one synchronous step: refused as a whole before anything
   // changes, or each slot in order takes the lowest pending target left (the batch's own claims
@@ -158,71 +136,29 @@ export const make = (): StoreShape => {
     claimMany: (req) => Effect.suspend(() => claimSlots(req)),
 
     appendProgress: (auth, batch) =>
-      Effect.suspend((): Effect.Effect<
-        { results: ReadonlyArray<{ seq: number; status: "accepted" | "duplicate"; acceptedAt: number }>; assignment: Assignment.Assignment },
-        ReservationRefused | ProgressRejected
-      > => {
-        const found = authorize(auth)
-        if (Either.isLeft(found)) return Effect.fail(found.left)
-        const a = found.right
-        const stored = events.get(a.reservationId)!
-        let timeline: PhaseModel.Timeline = { events: stored, phase: a.lastPhase, lastSeq: a.lastSeq }
-        const results: Array<{ seq: number; status: "accepted" | "duplicate"; acceptedAt: number }> = []
-        const fresh: Array<StoredEvent> = []
-        for (const e of batch) {
-          if (e.seq <= timeline.lastSeq) {
-            const prior = stored[e.seq - 1] ?? fresh.find((f) => f.seq === e.seq)
-            if (!prior || !sameEvent(prior, e))
-              return Effect.fail(new ProgressRejected({ reason: "conflict", seq: e.seq, phase: e.phase, message: `sequence ${e.seq} was already accepted with different content` }))
-            results.push({ seq: e.seq, status: "duplicate", acceptedAt: prior.acceptedAt })
-            continue
-          }
-          if (fresh.length === 0) {
-            const live = requireLive(a, auth.now)
-            if (Either.isLeft(live)) return Effect.fail(live.left)
-          }
-          const next = PhaseModel.append(timeline, e)
-          if (Either.isLeft(next))
-            return Effect.fail(new ProgressRejected({ reason: next.left.reason, seq: e.seq, phase: e.phase, message: next.left.message }))
-          timeline = next.right
-          fresh.push({ ...e, acceptedAt: auth.now })
-          results.push({ seq: e.seq, status: "accepted", acceptedAt: auth.now })
+      Effect.suspend(() => {
+        const planned = Either.flatMap(authorize(auth), (a) => WorkerWrite.planProgress(a, events.get(a.reservationId)!, batch, auth.now))
+        if (Either.isLeft(planned)) return Effect.fail(planned.left)
+        const { results, fresh, assignment } = planned.right
+        if (fresh.length > 0) {
+          events.get(assignment.reservationId)!.push(...fresh)
+          assignments.set(assignment.reservationId, assignment)
         }
-        if (fresh.length === 0) return Effect.succeed({ results, assignment: a })
-        stored.push(...fresh)
-        const updated: Assignment.Assignment = { ...a, lastPhase: timeline.phase, lastSeq: timeline.lastSeq, lastProgressAt: auth.now }
-        assignments.set(a.reservationId, updated)
-        return Effect.succeed({ results, assignment: updated })
+        return Effect.succeed({ results, assignment })
       }),
 
     submitResult: (input) =>
       Effect.suspend(() => {
-        const found = authorize(input)
-        if (Either.isLeft(found)) return Effect.fail(found.left)
-        const a = found.right
-        const prior = receipts.get(a.reservationId)
-        if (prior) return Effect.succeed(prior)
-        const live = requireLive(a, input.now)
-        if (Either.isLeft(live)) return Effect.fail(live.left)
-        if (input.now > a.uploadDeadline)
-          return Effect.fail(refuse("upload_deadline_passed", a.reservationId, `the result-upload deadline passed at ${new Date(a.uploadDeadline).toISOString()}`))
+        const judged = WorkerWrite.judgeResult(input, assignments.get(input.reservationId), (a) => targets.get(a.targetId)!)
+        if (Either.isLeft(judged)) return Effect.fail(judged.left)
+        if (judged.right._tag === "repeat") return Effect.succeed(judged.right.receipt)
+        const { receipt, targetStatus, state } = judged.right
+        const a = assignments.get(input.reservationId)!
         const t = targets.get(a.targetId)!
-        if (!Claim.holds(t, a.fence)) return Effect.fail(refuse("stale_fence", a.reservationId, `target ${t.id} is no longer held by fence ${a.fence}`))
-        const status = Assignment.targetStatusAfter(input.outcome)
-        targets.set(t.id, status === "completed" ? Claim.complete(t, input.now) : Claim.fail(t, status))
-        const receipt: Assignment.Receipt = { receiptId: `rc-${a.reservationId}-${a.fence}`, reservationId: a.reservationId, outcome: input.outcome, acceptedAt: input.now }
-        receipts.set(a.reservationId, receipt)
+        targets.set(t.id, targetStatus === "completed" ? Claim.complete(t, input.now) : Claim.fail(t, targetStatus))
         results.set(a.reservationId, input.body)
-        const evs = events.get(a.reservationId)!
-        const uploading = evs.find((e) => e.kind === "phase" && e.phase === "uploading")
-        durations.push(...Assignment.durationsOf(a, evs, input.outcome, input.now, uploading ? uploading.acceptedAt : null))
-        assignments.set(a.reservationId, {
-          ...a,
-          state: status === "completed" ? "completed" : "failed",
-          outcome: input.outcome,
-          finalPhase: input.finalPhase,
-          endedAt: input.now
-        })
+        durations.push(...WorkerWrite.durationsOfEnded(a, events.get(a.reservationId)!, input.outcome, input.now))
+        assignments.set(a.reservationId, { ...a, state, outcome: input.outcome, finalPhase: input.finalPhase, endedAt: input.now })
         return Effect.succeed(receipt)
       }),
 
@@ -236,17 +172,12 @@ export const make = (): StoreShape => {
 
     release: (auth) =>
       Effect.suspend(() => {
-        const found = authorize(auth)
-        if (Either.isLeft(found)) return Effect.fail(found.left)
-        const live = requireLive(found.right, auth.now)
-        if (Either.isLeft(live)) return Effect.fail(live.left)
-        const a = live.right
-        const t = targets.get(a.targetId)!
-        if (!Claim.holds(t, a.fence)) return Effect.fail(refuse("stale_fence", a.reservationId, `target ${t.id} is no longer held by fence ${a.fence}`))
-        targets.set(t.id, Claim.release(t))
-        const updated: Assignment.Assignment = { ...a, state: "released", endedAt: auth.now }
-        assignments.set(a.reservationId, updated)
-        return Effect.succeed(updated)
+        const judged = WorkerWrite.judgeRelease(auth, assignments.get(auth.reservationId), (a) => targets.get(a.targetId)!)
+        if (Either.isLeft(judged)) return Effect.fail(judged.left)
+        const released = judged.right
+        targets.set(released.targetId, Claim.release(targets.get(released.targetId)!))
+        assignments.set(released.reservationId, released)
+        return Effect.succeed(released)
       }),
 
     expireDue: (req) =>

@@ -46,6 +46,11 @@ export interface ClaimRequest {
   readonly sources?: ReadonlyArray<Source>
   /** Optional cap on in-flight assignments per source, fleet-wide. */
   readonly sourceCap?: number
+  /**
+   * The instant (server clock) after which the claim must not commit, because its
+   * client has given up waiting: refused with `ClaimRejected` `deadline_passed`.
+   */
+  readonly notAfter?: number
 }
 
 /** A batch claim: one device takes up to one target for each of the listed free slots. */
@@ -60,6 +65,8 @@ export interface ClaimManyRequest {
   readonly sources?: ReadonlyArray<Source>
   /** Optional cap on in-flight assignments per source, fleet-wide (the batch's own claims count). */
   readonly sourceCap?: number
+  /** As in `ClaimRequest`: nothing commits after this instant. */
+  readonly notAfter?: number
 }
 
 /** A worker write's credentials: the reservation and the fence it was issued with. */

@@ -23,9 +23,28 @@ export const maxFindings = 10_000
 export const maxLogChars = 65_536
 /** Maximum events in one progress batch. */
 export const maxEventsPerBatch = 1000
+/** Deepest nesting of arrays and objects accepted in a JSON body (the body itself is level 1). */
+export const maxJsonDepth = 64
+/** Longest string accepted anywhere in a JSON body, in UTF-16 code units, unless its field says less. */
+export const maxStringLength = 65_536
+/** Longest object key accepted anywhere in a JSON body, in UTF-16 code units. */
+export const maxKeyLength = 1024
+/** Longest query-string key or value accepted, in UTF-16 code units. */
+export const maxQueryLength = 1024
+/** Longest claim deadline a client may send: its own patience for the answer, in milliseconds. */
+export const maxClaimWaitMs = 300_000
 
 /** POST /v1/assignments/claim */
-export const ClaimRequest = z.object({ slot: z.number().int().min(0).max(1023) }).strict()
+export const ClaimRequest = z
+  .object({
+    slot: z.number().int().min(0).max(1023),
+    /**
+     * How long the client waits for this answer, in milliseconds from when the server
+     * receives it: no claim commits later, so a claim never holds a slot its client gave up on.
+     */
+    waitMs: z.number().int().min(1).max(maxClaimWaitMs).optional()
+  })
+  .strict()
 
 /** One labelled deadline. */
 export const LabelledDeadline = z.object({ label: z.string(), at: epochMs, iso: z.string() }).strict()

@@ -38,12 +38,14 @@ const preview = Effect.gen(function* () {
   return ok({ valid: true, document: doc, effective: effective(doc) } satisfies z.infer<typeof WorkerApi.PreviewResponse>)
 })
 
+/** Longest `X-Scanfleet-Actor` header accepted, in characters. */
+export const maxActorLength = 200
+
 /** POST /v1/admin/config/apply: stores a valid document as the next version. */
 const apply = Effect.gen(function* () {
   yield* Auth.admin({ cookie: false })
   const doc = yield* validated
-  const req = yield* HttpServerRequest.HttpServerRequest
-  const by = (req.headers["x-scanfleet-actor"] ?? "admin").slice(0, 200)
+  const by = (yield* Request.textHeader("x-scanfleet-actor", maxActorLength)) ?? "admin"
   const store = yield* Store.Store
   const now = yield* Clock.currentTimeMillis
   const v = yield* storeOp(store.applyConfig(doc, by, now))

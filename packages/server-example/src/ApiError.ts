@@ -11,13 +11,23 @@ export class ApiError extends Data.TaggedError("ApiError")<{
   readonly error: string
   readonly message: string
   readonly issues?: ReadonlyArray<Issue>
+  /** Seconds after which a retry may succeed (sent as `Retry-After`). */
+  readonly retryAfter?: number
+  /** Close the connection after answering: the rest of the request was left unread. */
+  readonly close?: boolean
 }> {}
 
 /** The response of a refusal. */
 export const toResponse = (e: ApiError): HttpServerResponse.HttpServerResponse =>
   HttpServerResponse.unsafeJson(
     { error: e.error, message: e.message, ...(e.issues ? { issues: e.issues } : {}) },
-    { status: e.status }
+    {
+      status: e.status,
+      headers: {
+        ...(e.retryAfter !== undefined ? { "retry-after": String(e.retryAfter) } : {}),
+        ...(e.close ? { connection: "close" } : {})
+      }
+    }
   )
 
 /**
@@ -65,6 +75,28 @@ export const fromProgressRejected = (e: Errors.ProgressRejected, index: number) 
 /** See `fromClaimRejected`. */
 export const fromNotFound = (e: Errors.NotFound) => new ApiError({ status: 404, error: "not_found", message: `${e.entity} ${e.key} does not exist` })
 
-/** A store failure is the server's problem, never the client's: 503 while the database is unreachable, else 500. */
-export const fromStoreError = (e: Errors.StoreError) =>
-  new ApiError({ status: e.reason === "unavailable" ? 503 : 500, error: `store_${e.reason}`, message: "the store could not complete the request; nothing was changed by this request" })
+/**
+ * A store failure, by what would help. The request's own data that the database
+ * refused (`invalid`: a character or length or range it cannot store) is 400, and
+ * a constraint it broke is 409: retrying the same request cannot help. An
+ * unreachable, full or contended database is 503 with `Retry-After`: retrying
+ * later can. A corrupt database or a server defect is 500. Nothing was changed.
+ */
+export const fromStoreError = (e: Errors.StoreError): ApiError => {
+  const unchanged = "nothing was changed by this request"
+  switch (e.reason) {
+    case "invalid":
+      return new ApiError({ status: 400, error: "store_invalid", message: `the database refused a value of this request (${e.message.slice(0, 200)}); ${unchanged}`, issues: [{ path: [], message: "a value cannot be stored as sent" }] })
+    case "constraint":
+      return new ApiError({ status: 409, error: "store_constraint", message: `the request conflicts with stored data; ${unchanged}` })
+    case "unavailable":
+      return new ApiError({ status: 503, error: "store_unavailable", message: `the database cannot be reached; ${unchanged}; retry later`, retryAfter: 5 })
+    case "full":
+      return new ApiError({ status: 503, error: "store_full", message: `the database is out of space or memory; ${unchanged}; retry later`, retryAfter: 30 })
+    case "conflict":
+      return new ApiError({ status: 503, error: "store_busy", message: `the database stayed locked by other work past the server's retries; ${unchanged}; retry`, retryAfter: 1 })
+    case "corrupt":
+    case "internal":
+      return new ApiError({ status: 500, error: `store_${e.reason}`, message: `the store could not complete the request; ${unchanged}` })
+  }
+}

@@ -1,5 +1,6 @@
-import { AdminApi, WorkerApi } from "@scanfleet/core"
+import { AdminApi, Config, WorkerApi } from "@scanfleet/core"
 import { z } from "zod"
+import { maxActorLength } from "./AdminRoutes.js"
 
 /** One endpoint of the HTTP API, with the zod schemas of what it takes and returns. */
 export interface Endpoint {
@@ -9,6 +10,10 @@ export interface Endpoint {
   readonly summary: string
   readonly query?: z.ZodType
   readonly body?: z.ZodType
+  /** A body the endpoint accepts (ids and fences are placeholders), shown in the reference. */
+  readonly example?: unknown
+  /** Request headers the endpoint reads, with their longest accepted length in characters. */
+  readonly headers?: Readonly<Record<string, number>>
   /** Body limit when it differs from the server's `maxBodyBytes`. */
   readonly bodyLimit?: string
   readonly response?: { readonly status: number; readonly schema?: z.ZodType; readonly note?: string }
@@ -37,6 +42,7 @@ export const worker: ReadonlyArray<Endpoint> = [
     summary:
       "Claims the next pending target for one slot of the calling device. The assignment carries the three immutable deadlines (target-scan deadline, result-upload deadline, assignment expiry), which fires next, the effective policy of the target's source with its origin (override or global), and the covered remote timestamp. `assignment` is null when nothing is pending.",
     body: WorkerApi.ClaimRequest,
+    example: { slot: 0, waitMs: 9000 },
     response: { status: 200, schema: WorkerApi.ClaimResponse },
     errors: ["400 `slot` at or above the device's slot count", "409 `claim_rejected:slot_busy` | `claim_rejected:capacity` | `claim_rejected:source_cap`"]
   },
@@ -47,6 +53,7 @@ export const worker: ReadonlyArray<Endpoint> = [
     summary:
       "Appends a batch of phase events to the caller's reservation, idempotently by sequence number: an already accepted sequence with the same content answers `duplicate` with its original `acceptedAt`. Progress never renews any deadline: `assignmentExpiry` is returned so a client can see it did not move.",
     body: WorkerApi.ProgressRequest,
+    example: { fence: 1, events: [{ seq: 1, kind: "phase", phase: "assigned", at: 1764579600000, detail: "slot 0" }] },
     response: { status: 200, schema: WorkerApi.ProgressResponse },
     errors: [
       "403 `reservation_refused:not_owner` | `stale_fence` | `expired` | `not_active`",
@@ -61,6 +68,7 @@ export const worker: ReadonlyArray<Endpoint> = [
     summary:
       "Uploads the result under the result-upload deadline and answers with the receipt. A resubmission answers with the original receipt. The outcome decides the target's status (clean and findings complete it; unsupported leaves it unresolved; the rest fail it).",
     body: WorkerApi.ResultRequest,
+    example: { fence: 1, outcome: "findings", finalPhase: "staging", findings: [{ rule: "aws-key", file: "config/prod.env", secret: { fingerprint: "hmac:3f1c", preview: "AKIA…" } }], log: "1 finding" },
     bodyLimit: `${WorkerApi.maxResultBytes} bytes`,
     response: { status: 200, schema: WorkerApi.Receipt },
     errors: ["403 `reservation_refused:upload_deadline_passed` | `expired` | `stale_fence` | `not_owner` | `not_active`", "404 the reservation does not exist", "413 the body exceeds the limit"]
@@ -71,6 +79,7 @@ export const worker: ReadonlyArray<Endpoint> = [
     auth: "device",
     summary: "Gives an active reservation back; the target returns to pending.",
     body: WorkerApi.ReleaseRequest,
+    example: { fence: 1 },
     response: { status: 200, schema: WorkerApi.AssignmentViewSchema },
     errors: ["403 `reservation_refused:*`", "404 the reservation does not exist"]
   },
@@ -92,6 +101,7 @@ export const admin: ReadonlyArray<Endpoint> = [
     auth: "admin",
     summary: "Validates a candidate managed configuration with core's rules (shape, then every source's effective TTL ≥ scan timeout + upload timeout + handoff margin). Writes nothing.",
     body: WorkerApi.ConfigDocument,
+    example: Config.defaults,
     response: { status: 200, schema: WorkerApi.PreviewResponse },
     errors: ["422 `invalid_config` with one issue per violation, each at its field path with a sentence naming the fields to change"]
   },
@@ -101,6 +111,8 @@ export const admin: ReadonlyArray<Endpoint> = [
     auth: "admin",
     summary: "Validates like preview and stores the document as the next version; an invalid document is refused whole. The optional `X-Scanfleet-Actor` header names who applied it (default `admin`). New assignments use it at once; issued ones keep their deadlines.",
     body: WorkerApi.ConfigDocument,
+    example: Config.defaults,
+    headers: { "X-Scanfleet-Actor": maxActorLength },
     response: { status: 201, schema: WorkerApi.ConfigView },
     errors: ["422 `invalid_config` as for preview; nothing is stored"]
   },
@@ -117,6 +129,7 @@ export const admin: ReadonlyArray<Endpoint> = [
     auth: "admin",
     summary: "Registers a device. The token is in this response only; the server keeps its SHA-256.",
     body: WorkerApi.DeviceCreate,
+    example: { name: "scanner-01", slots: 4 },
     response: { status: 201, schema: WorkerApi.DeviceCreated }
   },
   {
@@ -357,11 +370,13 @@ const schemaBlock = (title: string, schema: z.ZodType, io: "input" | "output") =
 const section = (e: Endpoint) => {
   const parts = [`## \`${e.method} ${e.path}\`\n`, `${e.summary}\n`, `- Auth: ${e.auth}`]
   if (e.body) parts.push(`- Body limit: ${e.bodyLimit ?? "the server's `maxBodyBytes` (default 262144 bytes)"}`)
+  for (const [h, max] of Object.entries(e.headers ?? {})) parts.push(`- Header \`${h}\`: optional, at most ${max} characters, no control characters`)
   if (e.response) parts.push(`- Success: ${e.response.status}${e.response.note ? ` (${e.response.note})` : ""}`)
   for (const err of e.errors ?? []) parts.push(`- Refusal: ${err}`)
   parts.push("")
   if (e.query) parts.push(schemaBlock("Query string:", e.query, "input"))
   if (e.body) parts.push(schemaBlock("Request body:", e.body, "input"))
+  if (e.example !== undefined) parts.push(`Example body:\n\n\`\`\`json\n${JSON.stringify(e.example, null, 2)}\n\`\`\`\n`)
   if (e.response?.schema) parts.push(schemaBlock(`Response body (${e.response.status}):`, e.response.schema, "output"))
   return parts.join("\n")
 }
@@ -388,14 +403,25 @@ Every refusal has this body; \`issues\` names the field at fault where there is 
 ${schemaBlock("Error body:", WorkerApi.ErrorBodySchema, "output")}
 | status | \`error\` | when |
 | --- | --- | --- |
-| 400 | \`malformed_json\`, \`invalid_body\`, \`invalid_query\`, \`invalid_path\` | the body is not JSON, or a body, query or path value does not match its schema |
+| 400 | \`malformed_json\`, \`too_deep\`, \`invalid_body\`, \`invalid_query\`, \`invalid_path\`, \`invalid_header\` | the body is not JSON or nests too deep, or a body, query, path or header value does not match its schema or breaks a limit below |
+| 400 | \`store_invalid\` | the database refused a value of the request that the limits below let through (a character or length it cannot store); retrying will not help |
 | 401 | \`unauthorized\` | missing or wrong credentials |
 | 403 | \`forbidden\`, \`reservation_refused:<reason>\` | wrong role; the reservation is not the caller's live one (\`not_owner\`, \`stale_fence\`, \`expired\`, \`not_active\`, \`cancelled\`, \`upload_deadline_passed\`) |
 | 404 | \`not_found\`, \`route_not_found\` | no such entity or endpoint |
-| 409 | \`claim_rejected:<reason>\`, \`operation_refused:<reason>\` | the claim could not take authority (\`slot_busy\`, \`capacity\`, \`source_cap\`, ...); an operator action does not apply to the subject as it stands |
+| 409 | \`claim_rejected:<reason>\`, \`operation_refused:<reason>\` | the claim could not take authority (\`slot_busy\`, \`capacity\`, \`source_cap\`, \`deadline_passed\`, ...); an operator action does not apply to the subject as it stands |
+| 409 | \`store_constraint\` | the request breaks a constraint of the stored data |
 | 413 | \`payload_too_large\` | the body exceeds its limit |
 | 422 | \`progress_rejected:<reason>\`, \`invalid_config\` | a progress batch contradicts the timeline; a configuration breaks a rule |
-| 503 | \`store_unavailable\` | the database cannot be reached; retry |
+| 500 | \`store_corrupt\`, \`store_internal\`, \`internal\` | the database file is damaged, or a server defect (the log has the detail) |
+| 503 | \`store_unavailable\`, \`store_full\`, \`store_busy\` | the database cannot be reached, is out of space or memory, or stayed locked past the server's retries; the \`Retry-After\` header says when to retry (5, 30 and 1 s) |
+
+## Limits
+
+Every string that crosses the HTTP edge is refused with 400 and the path of the string when it holds a NUL character (U+0000) or an unpaired UTF-16 surrogate, or exceeds its length: the field's own \`maxLength\` in the schemas below, else ${WorkerApi.maxStringLength} characters for a string and ${WorkerApi.maxKeyLength} for an object key anywhere in a JSON body (findings included), and ${WorkerApi.maxQueryLength} for a query-string key or value. So nothing reaches the database that it would refuse or store differently.
+
+- JSON bodies nest arrays and objects at most ${WorkerApi.maxJsonDepth} levels deep (the body itself is level 1); deeper is 400 \`too_deep\`, refused before the body is parsed.
+- A body over its limit (\`Body limit\` of each endpoint) is answered 413 as soon as the limit is crossed, whether it declares a \`Content-Length\` or is sent chunked; the rest is not read and the connection is closed.
+- A path id is exactly one segment of digits without a leading zero (at most 15): \`1;x\`, \`1/\`, \`01\` or \`1%3B\` get 400 \`invalid_path\`, never the resource \`1\`.
 
 Each core error class maps to one status: \`ClaimRejected\` 409, \`ReservationRefused\` 403, \`ProgressRejected\` 422, \`NotFound\` 404.
 

@@ -1,5 +1,5 @@
 import { HttpRouter, HttpServerResponse } from "@effect/platform"
-import { type Errors, Operations, Store, WorkerApi } from "@scanfleet/core"
+import { Claim, type Errors, Operations, Store, WorkerApi } from "@scanfleet/core"
 import { Clock, Effect } from "effect"
 import {
   ApiError,
@@ -51,9 +51,13 @@ const owned = (reservationId: number, deviceId: number) =>
 
 /** POST /v1/assignments/claim: one assignment for one slot, or `{ assignment: null }` when nothing is pending. */
 const claim = Effect.gen(function* () {
+  const received = yield* Clock.currentTimeMillis
   const device = yield* Auth.device
   const settings = yield* Settings
   const req = yield* Request.body(WorkerApi.ClaimRequest, settings.maxBodyBytes)
+  // The client's patience, from when the request reached this handler: a claim that
+  // would commit later is refused, so no slot is held for a client that gave up.
+  const notAfter = req.waitMs === undefined ? undefined : received + req.waitMs
   if (req.slot >= device.slots)
     return yield* Effect.fail(
       new ApiError({ status: 400, error: "invalid_body", message: `slot must be below the device's ${device.slots} slots`, issues: [{ path: ["slot"], message: `must be between 0 and ${device.slots - 1}` }] })
@@ -61,9 +65,10 @@ const claim = Effect.gen(function* () {
   const store = yield* Store.Store
   const { document } = yield* Managed.current
   const now = yield* Clock.currentTimeMillis
+  if (notAfter !== undefined && now > notAfter) return yield* Effect.fail(fromClaimRejected(Claim.deadlinePassed(notAfter)))
   const sources = yield* Effect.flatMap(Controls.Controls, (c) => c.claimable(device.id, undefined))
   const a = yield* store
-    .claim({ deviceId: device.id, slot: req.slot, now, config: document, ...(sources === undefined ? {} : { sources }) })
+    .claim({ deviceId: device.id, slot: req.slot, now, config: document, ...(sources === undefined ? {} : { sources }), ...(notAfter === undefined ? {} : { notAfter }) })
     .pipe(Effect.catchTags({ ClaimRejected: (e) => Effect.fail(fromClaimRejected(e)), StoreError: (e) => Effect.fail(fromStoreError(e)) }))
   const fleet = yield* store.fleet().pipe(Effect.mapError(fromStoreError))
   if (a) yield* Effect.logInfo("assignment issued").pipe(Effect.annotateLogs({ reservationId: a.reservationId, deviceId: device.id, slot: a.slot, source: a.source, policyOrigin: a.policy.origin, expiresAt: a.expiresAt }))

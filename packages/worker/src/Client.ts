@@ -50,6 +50,9 @@ export interface Options {
   readonly timeoutMs?: number
 }
 
+/** The claim deadline sent with a request timeout of `timeoutMs`: a fifth of it (at most 2 s) is left for transit. */
+export const claimWaitMs = (timeoutMs: number): number => Math.max(1, Math.min(WorkerApi.maxClaimWaitMs, Math.floor(timeoutMs - Math.min(2000, timeoutMs / 5))))
+
 // 401 is retried too: a token being rotated must not make the outbox give up on events.
 const retryable = (status: number) => status >= 500 || status === 408 || status === 429 || status === 401
 
@@ -92,7 +95,9 @@ export const make = (opts: Options): Client => {
   return {
     server: base,
     register: (containment) => call("POST", "/v1/device/register", { containment }, WorkerApi.Registered),
-    claim: (slot) => Effect.map(call("POST", "/v1/assignments/claim", { slot }, WorkerApi.ClaimResponse), (r) => r.assignment),
+    // The server commits no claim after waitMs: a claim answered after this client gave up would hold the slot until expiry.
+    // The margin covers the time the request takes to reach the server, which the server cannot see.
+    claim: (slot) => Effect.map(call("POST", "/v1/assignments/claim", { slot, waitMs: claimWaitMs(opts.timeoutMs ?? 10_000) }, WorkerApi.ClaimResponse), (r) => r.assignment),
     progress: (id, fence, events) => call("POST", `/v1/assignments/${id}/progress`, { fence, events }, WorkerApi.ProgressResponse),
     result: (id, body) => call("POST", `/v1/assignments/${id}/result`, body, WorkerApi.Receipt),
     release: (id, body) => call("POST", `/v1/assignments/${id}/release`, body, WorkerApi.AssignmentViewSchema),

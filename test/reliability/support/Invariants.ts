@@ -18,9 +18,10 @@ export const violations = (url: string): Promise<Array<string>> =>
       out.push(`reservation ${r.reservation_id}: ${r.n} events up to seq ${r.top}, last_seq ${r.last_seq} (a gap or a duplicate)`)
     for (const r of await q(`SELECT e1.reservation_id, e1.seq FROM progress_events e1 JOIN progress_events e2 ON e2.reservation_id = e1.reservation_id AND e2.seq = e1.seq + 1 WHERE e2.accepted_at < e1.accepted_at`))
       out.push(`reservation ${r.reservation_id}: event ${r.seq + 1} was accepted before event ${r.seq} (reordered)`)
-    for (const r of await q(`SELECT a.reservation_id FROM assignments a WHERE a.state = 'completed' AND NOT EXISTS (SELECT 1 FROM results x WHERE x.reservation_id = a.reservation_id)`))
+    // the result body is kept on its reservation
+    for (const r of await q(`SELECT a.reservation_id FROM assignments a WHERE a.state = 'completed' AND (a.result_body IS NULL OR a.outcome IS NULL)`))
       out.push(`reservation ${r.reservation_id} is completed without a result`)
-    for (const r of await q(`SELECT x.reservation_id, a.state FROM results x JOIN assignments a ON a.reservation_id = x.reservation_id WHERE a.state NOT IN ('completed', 'failed')`))
+    for (const r of await q(`SELECT a.reservation_id, a.state FROM assignments a WHERE a.result_body IS NOT NULL AND a.state NOT IN ('completed', 'failed')`))
       out.push(`reservation ${r.reservation_id} has a result but is ${r.state}`)
     for (const r of await q(`SELECT reservation_id FROM assignments WHERE state = 'expired' AND expired_at IS NULL`))
       out.push(`reservation ${r.reservation_id} expired without evidence`)

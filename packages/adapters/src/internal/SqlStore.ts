@@ -1,10 +1,11 @@
 import { SqlClient, Statement } from "@effect/sql"
-import { Effect, Either, Ref, Schedule } from "effect"
-import { Assignment, Claim, Deadline, Errors, Percentile, Source, Store, type Target } from "@scanfleet/core"
+import { Effect, Either, Exit, Ref, Schedule } from "effect"
+import { Assignment, Claim, Deadline, Errors, Percentile, Source, Store, type Target, WorkerWrite } from "@scanfleet/core"
 import * as Codec from "./Codec.js"
 import * as Rollups from "./Rollups.js"
 import * as Prepared from "./Prepared.js"
-import * as Rules from "./Rules.js"
+import * as Coalesce from "./Coalesce.js"
+import * as Dialect from "./Dialect.js"
 import { mapped } from "./SqlErrors.js"
 import { claimBatch, claimNext, claimStatement } from "./queries/claimNext.js"
 import * as Progress from "./queries/appendProgress.js"
@@ -21,19 +22,18 @@ const byText = (a: string, b: string) => a.localeCompare(b)
 
 /**
  * The Store port over an `@effect/sql` client. Postgres and SQLite share the
- * statements; where they differ (row locks, batch shapes, percentiles) the
- * dialect is chosen here. Every method is one statement or one transaction,
- * and every SqlError leaves as a StoreError.
+ * statements; what differs in them (row locks, JSON parameters, the write lock) is the
+ * client's `Dialect`, and the operations whose statements differ as a whole (batch
+ * shapes: `unnest` against `json_each`) are chosen by dialect once, here. Each operation is
+ * one statement or one transaction, with at most one fallback (a transaction that names the
+ * exact reason of what the statement did not take), and every SqlError leaves as a StoreError.
  */
 export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> = Effect.gen(function* () {
   const sql = yield* SqlClient.SqlClient
-  const isPg = sql.onDialectOrElse({ pg: () => true, orElse: () => false })
-  const forUpdate = sql.literal(isPg ? " FOR UPDATE" : "")
+  const dialect = Dialect.of(sql)
+  const isPg = dialect.name === "pg"
+  const { forUpdate, writeLock } = dialect
 
-  // SQLite's client opens transactions with a deferred BEGIN; a first no-op
-  // write takes the database's write lock at once, as BEGIN IMMEDIATE would, so
-  // a transaction never reads and then fails to upgrade (SQLITE_BUSY).
-  const writeLock = isPg ? Effect.void : sql`UPDATE targets SET fence = fence WHERE 0`
   // A deadlock or serialization failure aborted the whole statement or transaction
   // before anything was committed: it is safe to run again.
   const retryConflicts = <A, E, R>(self: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
@@ -45,7 +45,6 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
     retryConflicts(mapped(sql.withTransaction(Effect.zipRight(writeLock, self))))
   const fleetRead = yield* Ref.make<Store.Fleet | null>(null)
   const readFleet = mapped(Effect.map(sql<Row>`SELECT id, created_at FROM fleet`, ([r]): Store.Fleet => ({ id: String(r.id), createdAt: Number(r.created_at) })))
-  const jsonParam = (v: unknown) => (isPg ? sql`${JSON.stringify(v)}::jsonb` : sql`${JSON.stringify(v)}`)
 
   const loadAssignment = (reservationId: number, lock: boolean) =>
     isId(reservationId)
@@ -57,12 +56,6 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
 
   const loadTarget = (id: number) =>
     Effect.map(sql<Row>`SELECT ${sql.literal(Codec.targetColumns)} FROM targets WHERE id = ${id}${forUpdate}`, (rows) => Codec.target(rows[0]))
-
-  // Ownership and fence first, then the caller's own checks, as core's model orders them.
-  const authorized = (auth: { deviceId: number; reservationId: number; fence: number }) =>
-    Effect.flatMap(loadAssignment(auth.reservationId, true), (a) => Either.match(Rules.authorize(auth, a), { onLeft: Effect.fail, onRight: Effect.succeed }))
-
-  const live = (a: Assignment.Assignment, now: number) => Either.match(Rules.requireLive(a, now), { onLeft: Effect.fail, onRight: Effect.succeed })
 
   // Postgres: the counts that result acceptance left in duration_rollup_deltas move into
   // the rollups, in one statement, before a percentile query reads them. The DELETE takes
@@ -77,6 +70,99 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         ON CONFLICT (span, source, metric, outcome, start, chunk) DO UPDATE SET ${sql.literal(rollupSlots.map((c) => `${c} = r.${c} + excluded.${c}`).join(", "))}`
     : Effect.void
 
+  // Postgres: the reservations whose results were accepted wait in duration_pending; a fold
+  // takes a batch of them (by row address, in one transaction), reads each one's ended row
+  // and timeline, and stores the durations core's WorkerWrite.durationsOfEnded gives, with
+  // their rollups at once. `skipLocked` (the sweep) leaves rows another fold holds; without
+  // it (a percentile read) the delete waits for that fold to commit, so the read after it
+  // counts every result accepted before it began. Returns how many reservations it folded.
+  const foldBatch = 2000
+  const foldPending = (limit: number, skipLocked: boolean): Effect.Effect<number, Errors.StoreError> =>
+    retryConflicts(
+      mapped(
+        sql.withTransaction(
+          Effect.gen(function* () {
+            const rows = yield* sql<Row>`
+              WITH taken AS (
+                DELETE FROM duration_pending WHERE ctid = ANY (ARRAY(
+                  SELECT ctid FROM duration_pending LIMIT ${limit}${sql.literal(skipLocked ? " FOR UPDATE SKIP LOCKED" : "")}))
+                RETURNING reservation_id
+              )
+              SELECT a.reservation_id, a.source, a.issued_at, a.outcome, a.ended_at, (
+                SELECT COALESCE(json_agg(json_build_array(p.seq, p.kind, p.phase, p.at, p.detail, p.accepted_at) ORDER BY p.seq), '[]'::json)
+                FROM progress_events p WHERE p.reservation_id = a.reservation_id
+              ) AS timeline
+              FROM assignments a WHERE a.reservation_id IN (SELECT reservation_id FROM taken) AND a.outcome IS NOT NULL
+              ORDER BY a.reservation_id`
+            if (rows.length === 0) return 0
+            const ds = rows.flatMap((r) =>
+              WorkerWrite.durationsOfEnded(
+                { source: r.source as Source.Source, issuedAt: Number(r.issued_at) },
+                Submit.decodeTimeline(r.timeline),
+                r.outcome as Assignment.Outcome,
+                Number(r.ended_at)
+              )
+            )
+            yield* sql`SELECT set_config('scanfleet.rollups_direct', 'on', true)`
+            yield* insertDurations(ds)
+            return rows.length
+          })
+        )
+      )
+    )
+  // Everything pending now, a batch at a time; a batch short of the limit was the last one.
+  const foldAllPending: Effect.Effect<void, Errors.StoreError> = isPg
+    ? Effect.flatMap(foldPending(foldBatch, false), (n) => (n < foldBatch ? Effect.void : foldAllPending))
+    : Effect.void
+
+  // Only well-formed credentials reach the one-statement paths; anything else can only be refused.
+  const acceptable = (i: Store.ResultInput) => [i.reservationId, i.deviceId, i.fence, i.now].every(isId)
+
+  // Postgres: single results merged into one acceptMany while batches are in flight (bounded
+  // batch; two results of one reservation never share a batch). Two batches may run at once, so
+  // the next one forms and runs while the previous waits for its commit (fsync). Null: not
+  // accepted by the statement.
+  const acceptOne = Coalesce.make<Store.ResultInput, Assignment.Receipt | null, Errors.StoreError>({
+    max: 64,
+    inFlight: 2,
+    fits: (i, batch) => batch.every((b) => b.reservationId !== i.reservationId),
+    run: (batch) =>
+      retryConflicts(mapped(SubmitResults.acceptMany(sql, batch))).pipe(
+        Effect.catchIf((e) => e.reason === "constraint", () => Effect.succeed(new Map<number, Assignment.Receipt>())),
+        Effect.map((accepted) => batch.map((i) => Exit.succeed(accepted.get(i.reservationId) ?? null)))
+      )
+  })
+
+  // Postgres: a result judged in a transaction, the reservation then its target under their row
+  // locks; core decides; the writes are the one-statement path's, for one result.
+  const submitJudged = (input: Store.ResultInput) =>
+    transaction(
+      Effect.gen(function* () {
+        const a = yield* loadAssignment(input.reservationId, true)
+        const t = a === undefined ? undefined : yield* loadTarget(a.targetId)
+        const judged = WorkerWrite.judgeResult(input, a, () => t!)
+        if (Either.isLeft(judged)) return yield* Effect.fail(judged.left)
+        if (judged.right._tag === "repeat") return judged.right.receipt
+        const accepted = yield* SubmitResults.acceptMany(sql, [input])
+        const receipt = accepted.get(input.reservationId)
+        // the reservation and its target are locked and were judged acceptable just now
+        return receipt ?? (yield* Effect.dieMessage(`reservation ${input.reservationId} changed under its row lock`))
+      })
+    )
+
+  // Postgres, without a fleet-wide cap: single claims merged into one statement while batches are
+  // in flight (two at most, as for results), when they share configuration and sources (bounded
+  // batch; one (device, slot) once).
+  const claimOne = Coalesce.make<Store.ClaimRequest, Assignment.Assignment | null, Errors.StoreError>({
+    max: 64,
+    inFlight: 2,
+    fits: (r, batch) => batch.length === 0 || (batch[0].config === r.config && sameSources(batch[0].sources, r.sources) && batch.every((b) => b.deviceId !== r.deviceId || b.slot !== r.slot)),
+    run: (batch) =>
+      Effect.map(claimFast(batch.map((r) => ({ deviceId: r.deviceId, slot: r.slot, now: r.now })), batch[0], false), (taken) =>
+        batch.map((_, i) => Exit.succeed(taken?.get(i) ?? null))
+      )
+  })
+
   const store: Store.StoreShape = {
     recordObservations: (batch, now) =>
       retryConflicts(isPg ? mapped(Record.pg(sql, batch, now)) : transaction(Record.sqlite(sql, batch, now))),
@@ -87,12 +173,20 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         : Effect.succeed({ promoted: [], deferred: 0 }),
 
     claim: (req) =>
-      Effect.flatMap(isPg && req.sourceCap === undefined ? claimFast({ ...req, slots: [req.slot] }) : Effect.succeed(null), (fast) =>
-        Effect.map(fast !== null ? Effect.succeed(fast) : claimSlots({ ...req, slots: [req.slot] }), (as) => as[0] ?? null)
+      Effect.flatMap(isPg && req.sourceCap === undefined && fastClaimable(req, [req.slot]) ? claimOne(req) : Effect.succeed(null), (fast) =>
+        fast !== null ? Effect.succeed(fast) : Effect.map(claimSlots({ ...req, slots: [req.slot] }), (as) => as[0] ?? null)
       ),
 
+    // One device's slots: the same statement as merged single claims, all or nothing.
     claimMany: (req) =>
-      Effect.flatMap(isPg && req.sourceCap === undefined ? claimFast(req) : Effect.succeed(null), (fast) => (fast !== null ? Effect.succeed(fast) : claimSlots(req))),
+      Effect.flatMap(
+        isPg && req.sourceCap === undefined && fastClaimable(req, req.slots) && new Set(req.slots).size === req.slots.length
+          ? Effect.map(claimFast(req.slots.map((slot) => ({ deviceId: req.deviceId, slot, now: req.now })), req, true), (taken) =>
+              taken === null || taken.size === 0 ? null : req.slots.flatMap((_, i) => (taken.has(i) ? [taken.get(i)!] : []))
+            )
+          : Effect.succeed(null),
+        (fast) => (fast !== null ? Effect.succeed(fast) : claimSlots(req))
+      ),
 
     appendProgress: (auth, batch) =>
       isPg
@@ -109,36 +203,20 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
           )
         : retryConflicts(mapped(sql.withTransaction(Progress.sqlite(sql, auth, batch, writeLock)))),
 
+    // Postgres: concurrent single results merge into one statement (acceptMany) while one is
+    // in flight; a result it did not accept (a refusal, a repeat, a race) is judged by the
+    // transaction, which names the exact reason.
     submitResult: (input) =>
       !isPg
         ? retryConflicts(mapped(sql.withTransaction(Submit.sqlite(sql, input, insertDurations))))
-        : Effect.flatMap(submitFast(input), (fast) =>
-        fast !== null
-          ? Effect.succeed(fast)
-          : transaction(
-        Effect.gen(function* () {
-          const a = yield* authorized(input)
-          const prior = yield* sql<Row>`SELECT * FROM results WHERE reservation_id = ${a.reservationId}`
-          if (prior.length > 0) return Codec.receipt(prior[0])
-          yield* live(a, input.now)
-          if (input.now > a.uploadDeadline)
-            return yield* Rules.refuse("upload_deadline_passed", a.reservationId, `the result-upload deadline passed at ${new Date(a.uploadDeadline).toISOString()}`)
-          const t = yield* loadTarget(a.targetId)
-          if (!Claim.holds(t, a.fence)) return yield* Rules.lostTarget(a, t.id)
-          const evs = (yield* sql<Row>`SELECT * FROM progress_events WHERE reservation_id = ${a.reservationId} ORDER BY seq`).map(Codec.event)
-          return yield* Submit.writeAccepted(sql, input, a, t, evs, insertDurations)
-        })
-      )
-      ),
+        : Effect.flatMap(acceptable(input) ? acceptOne(input) : Effect.succeed(null), (fast) => (fast !== null ? Effect.succeed(fast) : submitJudged(input))),
 
     submitResults: (inputs) =>
       Effect.gen(function* () {
         // Postgres takes the common accepted results in one statement (each reservation once); the
         // rest (refusals, repeats, races) and every result on SQLite are judged one by one.
         const seen = new Set<number>()
-        const batch = isPg
-          ? inputs.filter((i) => [i.reservationId, i.deviceId, i.fence, i.now].every(isId) && !seen.has(i.reservationId) && seen.add(i.reservationId))
-          : []
+        const batch = isPg ? inputs.filter((i) => acceptable(i) && !seen.has(i.reservationId) && seen.add(i.reservationId)) : []
         const accepted =
           batch.length === 0
             ? new Map<number, Assignment.Receipt>()
@@ -148,12 +226,12 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         const answers: Array<Either.Either<Assignment.Receipt, Errors.ReservationRefused>> = []
         for (const input of inputs) {
           const receipt = accepted.get(input.reservationId)
-          if (receipt !== undefined && receipt.acceptedAt === input.now && receipt.receiptId === `rc-${input.reservationId}-${input.fence}`) {
+          if (receipt !== undefined && receipt.acceptedAt === input.now && receipt.receiptId === WorkerWrite.receiptId(input.reservationId, input.fence)) {
             accepted.delete(input.reservationId)
             answers.push(Either.right(receipt))
           } else
             answers.push(
-              yield* store.submitResult(input).pipe(
+              yield* (isPg ? submitJudged(input) : store.submitResult(input)).pipe(
                 Effect.map((r) => Either.right(r)),
                 Effect.catchTag("ReservationRefused", (e) => Effect.succeed(Either.left(e)))
               )
@@ -165,17 +243,20 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
     release: (auth) =>
       transaction(
         Effect.gen(function* () {
-          const a = yield* Effect.flatMap(authorized(auth), (a) => live(a, auth.now))
-          const t = yield* loadTarget(a.targetId)
-          if (!Claim.holds(t, a.fence)) return yield* Rules.lostTarget(a, t.id)
-          yield* sql`UPDATE targets SET status = 'pending', fence = fence + 1 WHERE id = ${t.id} AND status = 'in_progress' AND fence = ${a.fence}`
-          yield* sql`UPDATE assignments SET state = 'released', ended_at = ${auth.now} WHERE reservation_id = ${a.reservationId}`
-          return { ...a, state: "released", endedAt: auth.now } satisfies Assignment.Assignment
+          const a = yield* loadAssignment(auth.reservationId, true)
+          const t = a === undefined ? undefined : yield* loadTarget(a.targetId)
+          const judged = WorkerWrite.judgeRelease(auth, a, () => t!)
+          if (Either.isLeft(judged)) return yield* Effect.fail(judged.left)
+          const released = judged.right
+          yield* sql`UPDATE targets SET status = 'pending', fence = fence + 1 WHERE id = ${released.targetId} AND status = 'in_progress' AND fence = ${released.fence}`
+          yield* sql`UPDATE assignments SET state = 'released', ended_at = ${auth.now} WHERE reservation_id = ${released.reservationId}`
+          return released
         })
       ),
 
-    // The sweep also folds the percentile deltas result acceptance left (Postgres), after its
-    // transaction: they never pile up between percentile queries while a fleet is running.
+    // The sweep also folds (Postgres, after its transaction) a batch of the durations result
+    // acceptance left pending, and the percentile deltas: they never pile up between percentile
+    // queries while a fleet is running.
     expireDue: (req) =>
       Effect.tap(transaction(
         Effect.gen(function* () {
@@ -184,7 +265,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
           // SKIP LOCKED: two sweepers expire disjoint sets; a reservation being completed right now is left alone.
           const due = (yield* sql<Row>`
             SELECT * FROM assignments WHERE state = 'active' AND expires_at <= ${req.now}
-            ORDER BY expires_at, reservation_id LIMIT ${limit}${isPg ? sql.literal(" FOR UPDATE SKIP LOCKED") : sql.literal("")}`).map(Codec.assignment)
+            ORDER BY expires_at, reservation_id LIMIT ${limit}${dialect.skipLocked}`).map(Codec.assignment)
           if (due.length === 0) return []
           const ids = due.map((a) => a.reservationId)
           yield* sql`
@@ -203,7 +284,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
             })
           )
         })
-      ), () => (isPg ? retryConflicts(mapped(foldDeltas)) : Effect.void)),
+      ), () => (isPg ? Effect.zipRight(foldPending(foldBatch, true), retryConflicts(mapped(foldDeltas))) : Effect.void)),
 
     getAssignment: (reservationId) =>
       Effect.flatMap(mapped(loadAssignment(reservationId, false)), (a) =>
@@ -311,7 +392,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
       }
       const slots = Array.from({ length: Rollups.width }, (_, i) => i)
       // Raw rows group by bytes, as the rollups' "C" columns do on Postgres.
-      const bytes = isPg ? ' COLLATE "C"' : ""
+      const bytes = dialect.bytes
       // Whole days, six hours, hours and ten minutes come from the rollups, what is left at the two
       // ends from raw rows: counts of exactly the window, in log buckets.
       const parts = Rollups.plan(q.from, q.to).map((p) =>
@@ -327,7 +408,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
       return mapped(
         Effect.map(
           Effect.zipRight(
-            foldDeltas,
+            Effect.zipRight(foldAllPending, foldDeltas),
             sql<Row>`
             SELECT source, metric, outcome, chunk, ${sql.literal(slots.map((i) => `CAST(sum(c${i}) AS DOUBLE PRECISION) AS c${i}`).join(", "))}
             FROM (${sql.join(" UNION ALL ", false)(parts)}) AS u
@@ -371,7 +452,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
           Effect.map(
             sql<{ version: number }>`
               INSERT INTO config_versions (version, document, applied_by, applied_at)
-              SELECT COALESCE(MAX(version), 0) + 1, ${jsonParam(document)}, ${appliedBy}, ${now} FROM config_versions
+              SELECT COALESCE(MAX(version), 0) + 1, ${dialect.json(document)}, ${appliedBy}, ${now} FROM config_versions
               RETURNING version`,
             ([r]): Store.ConfigVersion => ({ version: Number(r.version), document, appliedBy, appliedAt: now })
           )
@@ -429,13 +510,18 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         const refused = Claim.refuseSlots(slots, mine.map((a) => Number(a.slot)), req.slots)
         if (refused) return yield* refused
         if (req.slots.length === 0) return []
+        if (req.sourceCap === undefined && isPg && fastClaimable(req, req.slots)) {
+          // checked under the device's row lock: the one-statement claim takes every slot in order
+          const taken = yield* claimStatementFor(req.slots.map((slot) => ({ deviceId: req.deviceId, slot, now: req.now })), req, true)
+          return req.slots.flatMap((_, i) => (taken.has(i) ? [taken.get(i)!] : []))
+        }
         if (req.sourceCap === undefined) {
           const taken = [...(yield* claimBatch(sql, req, isPg, req.slots.length))].sort((a, b) => a.id - b.id)
           return taken.length === 0 ? [] : yield* insertAssignments(req.deviceId, slots, req, taken, req.slots)
         }
         // A fleet-wide cap is a count over other devices' rows: serialise capped claims so two cannot both
         // see room, and take one target at a time, each stored before the next one is counted.
-        if (isPg) yield* sql`SELECT pg_advisory_xact_lock(${CAP_LOCK})`
+        yield* dialect.capLock
         const issued: Array<Assignment.Assignment> = []
         for (const slot of req.slots) {
           const t = yield* claimNext(sql, req, isPg)
@@ -463,7 +549,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         VALUES ${sql.join(", ", false)(
           rows.map(
             ({ t, slot, policy, deadlines }) =>
-              sql`(${t.id}, ${t.source}, ${t.identity}, ${deviceId}, ${deviceSlots}, ${slot}, ${t.fence}, ${jsonParam(policy)}, ${t.coveredRemoteAt},
+              sql`(${t.id}, ${t.source}, ${t.identity}, ${deviceId}, ${deviceSlots}, ${slot}, ${t.fence}, ${dialect.json(policy)}, ${t.coveredRemoteAt},
                 ${deadlines.issuedAt}, ${deadlines.scanDeadline}, ${deadlines.uploadDeadline}, ${deadlines.expiresAt}, 'active')`
           )
         )}
@@ -477,129 +563,82 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
     )
   }
 
-  // Postgres, without a fleet-wide cap: the common successful claim of one slot or of a batch, in
-  // one statement. The device row is read with a share lock (claims of one device do not wait for
-  // each other; a revocation waits for them, and a claim that waited for a revocation sees it),
-  // every listed slot must be in range and free in the statement's snapshot, and the schema refuses
-  // the rest: a slot taken since by a concurrent claim violates the one-active-reservation-per-slot
-  // index, and that index with the slot range keeps the device within its capacity. Any miss (a
-  // refusal, an empty queue, such a violation) yields null and the transaction decides; when the
-  // queue holds fewer targets than slots, the batch returns what it took.
-  function claimFast(req: Store.ClaimManyRequest): Effect.Effect<ReadonlyArray<Assignment.Assignment> | null, Errors.StoreError> {
-    if (![req.deviceId, req.now].every(isId) || req.slots.length === 0 || !req.slots.every(isId) || new Set(req.slots).size !== req.slots.length)
-      return Effect.succeed(null)
-    // Issued for every source it may take; a source the configuration cannot issue for is left to the transaction.
-    const candidates = (req.sources ?? Source.sources).filter((s) => req.config.sources[s] !== undefined)
-    if (candidates.length === 0 || candidates.length !== (req.sources ?? Source.sources).length) return Effect.succeed(null)
-    const issued = new Map(candidates.map((s) => [s, Deadline.issueFor(req.config, s, req.now)] as const))
-    const pick = (f: (i: ReturnType<typeof Deadline.issueFor>) => Statement.Fragment) =>
-      sql`CASE p.source ${sql.join(" ", false)([...issued].map(([s, i]) => sql`WHEN ${s}::text THEN ${f(i)}`))} END`
-    const gate = sql`EXISTS (SELECT 1 FROM g)`
-    return retryConflicts(
-      mapped(
-        Effect.map(
-          sql<Row>`${sql.literal(Prepared.marker)}
-            WITH req AS (
-              SELECT r.slot, r.ord FROM unnest(${req.slots}::int[]) WITH ORDINALITY AS r(slot, ord)
-            ), g AS (
-              SELECT d.id, d.slots FROM devices d
-              WHERE d.id = ${req.deviceId}::bigint AND d.revoked_at IS NULL
-                AND NOT EXISTS (SELECT 1 FROM req WHERE req.slot < 0 OR req.slot >= d.slots)
-                AND NOT EXISTS (
-                  SELECT 1 FROM assignments a WHERE a.device_id = d.id AND a.state = 'active' AND a.slot = ANY (${req.slots}::int[]))
-              FOR SHARE
-            ), t AS (${claimStatement(sql, req, true, gate, req.slots.length)}
-            ), p AS (
-              SELECT t.*, row_number() OVER (ORDER BY t.id) AS ord FROM t
-            ), ins AS (
-              INSERT INTO assignments (target_id, source, identity, device_id, device_slots, slot, fence, policy, covered_remote_at,
-                issued_at, scan_deadline, upload_deadline, expires_at, state)
-              SELECT p.id, p.source, p.identity, g.id, g.slots, req.slot, p.fence,
-                ${pick((i) => sql`${JSON.stringify(i.policy)}::jsonb`)}, p.covered_remote_at,
-                ${pick((i) => sql`${i.deadlines.issuedAt}::bigint`)}, ${pick((i) => sql`${i.deadlines.scanDeadline}::bigint`)},
-                ${pick((i) => sql`${i.deadlines.uploadDeadline}::bigint`)}, ${pick((i) => sql`${i.deadlines.expiresAt}::bigint`)}, 'active'
-              FROM p JOIN req ON req.ord = p.ord CROSS JOIN g
-              RETURNING reservation_id, target_id, slot
-            )
-            SELECT p.*, ins.reservation_id AS fast_reservation_id, ins.slot AS fast_slot FROM p JOIN ins ON ins.target_id = p.id ORDER BY p.id`,
-          (rows) =>
-            rows.length === 0
-              ? null
-              : rows.map((r) => {
-                  const t = Codec.target(r)
-                  const { policy, deadlines } = issued.get(t.source)!
-                  return Assignment.issued(t, { reservationId: Number(r.fast_reservation_id), deviceId: req.deviceId, slot: Number(r.fast_slot) }, policy, deadlines)
-                })
-        )
-      ).pipe(
-        // The schema refused a slot taken meanwhile: the transaction names the reason.
-        Effect.catchIf((e) => e.reason === "constraint", () => Effect.succeed(null))
-      )
+  // Postgres, without a fleet-wide cap: claims of any devices' slots in one statement of fixed
+  // text, the i-th request taking the i-th lowest pending target. A request's device is read
+  // with a share lock (claims do not wait for each other; a revocation waits for them, and a
+  // claim that waited for a revocation sees it); its slot must be in range and free in the
+  // statement's snapshot, and the schema refuses the rest: a slot taken since by a concurrent
+  // claim violates the one-active-reservation-per-slot index, and that index with the slot
+  // range keeps a device within its capacity. Deadlines are the request's time plus the
+  // policy's offsets, one row per source, as core's Deadline.issue adds them. With `whole`, every
+  // request must pass or none is taken (a device's batch). The answers by request index; a
+  // request left out (a refusal, an empty queue) is for the transaction. Null: the schema
+  // refused the statement (every request goes to the transaction).
+  function claimFast(
+    reqs: ReadonlyArray<{ readonly deviceId: number; readonly slot: number; readonly now: number }>,
+    shared: Pick<Store.ClaimRequest, "config" | "sources">,
+    whole: boolean
+  ): Effect.Effect<ReadonlyMap<number, Assignment.Assignment> | null, Errors.StoreError> {
+    return retryConflicts(mapped(claimStatementFor(reqs, shared, whole))).pipe(
+      // The schema refused a slot taken meanwhile: the transaction names the reason.
+      Effect.catchIf((e) => e.reason === "constraint", () => Effect.succeed(null))
     )
   }
 
-  // Postgres: the common accepted result in one statement. The locked reservation row
-  // gates every write; its version must equal the one in the statement's snapshot, so the
-  // timeline read for durations is current (progress is only stored under that row's lock
-  // together with an update of it). Any miss (refusal, repeat, race) yields null and the
-  // transactional path decides, with its exact reason.
-  function submitFast(input: Store.ResultInput): Effect.Effect<Assignment.Receipt | null, Errors.StoreError> {
-    if (![input.reservationId, input.deviceId, input.fence, input.now].every(isId)) return Effect.succeed(null)
-    const status = Assignment.targetStatusAfter(input.outcome)
-    const receipt: Assignment.Receipt = {
-      receiptId: `rc-${input.reservationId}-${input.fence}`,
-      reservationId: input.reservationId,
-      outcome: input.outcome,
-      acceptedAt: input.now
-    }
-    const now = sql`${input.now}::bigint`
-    const outcome = sql`${input.outcome}::text`
-    const setTarget = status === "completed" ? sql`status = 'completed', completed_at = ${now}` : sql`status = ${status}::text`
-    return retryConflicts(
-      mapped(
-        Effect.map(
-          sql<{ reservation_id: number }>`${sql.literal(Prepared.marker)}
-            WITH locked AS (
-              SELECT reservation_id, target_id, source, issued_at, fence, xmin::text AS v FROM assignments
-              WHERE reservation_id = ${input.reservationId}::bigint AND device_id = ${input.deviceId}::bigint AND fence = ${input.fence}::bigint
-                AND state = 'active' AND expires_at > ${now} AND upload_deadline >= ${now}
-              FOR UPDATE
-            ), a AS (
-              SELECT l.* FROM locked l JOIN assignments s ON s.reservation_id = l.reservation_id AND s.xmin::text = l.v
+  // The statement of claimFast, also run by the claim transaction once its checks passed.
+  function claimStatementFor(
+    reqs: ReadonlyArray<{ readonly deviceId: number; readonly slot: number; readonly now: number }>,
+    shared: Pick<Store.ClaimRequest, "config" | "sources">,
+    whole: boolean
+  ) {
+    const pol = policyRows(shared.config)
+    const sources = shared.sources ?? Source.sources
+    return Effect.map(
+          sql<Row>`${sql.literal(Prepared.marker)}
+            WITH req AS (
+              SELECT * FROM unnest(${reqs.map((r) => r.deviceId)}::bigint[], ${reqs.map((r) => r.slot)}::int[], ${reqs.map((r) => r.now)}::bigint[])
+                WITH ORDINALITY AS r(device_id, slot, now, ord)
+            ), pol AS (
+              SELECT * FROM unnest(${pol.sources}::text[], ${pol.policies}::jsonb[], ${pol.scan}::bigint[], ${pol.upload}::bigint[], ${pol.ttl}::bigint[])
+                AS p(source, policy, scan_ms, upload_ms, ttl_ms)
+            ), ok AS (
+              SELECT req.*, d.slots FROM req JOIN devices d ON d.id = req.device_id
+              WHERE d.revoked_at IS NULL AND req.slot >= 0 AND req.slot < d.slots
+                AND NOT EXISTS (SELECT 1 FROM assignments a WHERE a.device_id = d.id AND a.state = 'active' AND a.slot = req.slot)
+              FOR SHARE OF d
+            ), g AS (
+              SELECT ok.*, row_number() OVER (ORDER BY ok.ord) AS k FROM ok
+              WHERE NOT ${whole}::bool OR (SELECT count(*) FROM ok) = (SELECT count(*) FROM req)
+            ), pick AS (
+              SELECT c.id, row_number() OVER (ORDER BY c.id) AS k FROM (
+                SELECT c.id FROM targets c WHERE c.status = 'pending' AND c.source = ANY (${sources}::text[])
+                ORDER BY c.id LIMIT (SELECT count(*) FROM g) FOR UPDATE SKIP LOCKED) c
             ), t AS (
-              UPDATE targets SET ${setTarget} FROM a
-              WHERE targets.id = a.target_id AND targets.status = 'in_progress' AND targets.fence = a.fence
-              RETURNING a.reservation_id, a.source, a.issued_at
-            ), r AS (
-              INSERT INTO results (reservation_id, receipt_id, outcome, accepted_at, body)
-              SELECT reservation_id, ${receipt.receiptId}::text, ${outcome}, ${now}, ${input.body}::text FROM t
-            ), u AS (
-              UPDATE assignments SET state = ${status === "completed" ? "completed" : "failed"}::text, outcome = ${outcome},
-                final_phase = ${input.finalPhase}::text, ended_at = ${now}
-              FROM t WHERE assignments.reservation_id = t.reservation_id
-            ), ev AS (
-              -- Spans as core's PhaseModel.spans builds them: recovery events do not split a phase.
-              SELECT seq, phase, at, accepted_at, lead(phase) OVER w AS next_phase, lead(at) OVER w AS next_at
-              FROM progress_events WHERE reservation_id = ${input.reservationId}::bigint AND kind <> 'recovered'
-              WINDOW w AS (ORDER BY seq)
-            ), d AS (
-              SELECT 0 AS k, 0 AS seq, t.source, 'end_to_end' AS metric, GREATEST(0, ${now} - t.issued_at)::float8 AS ms FROM t
-              UNION ALL
-              SELECT 1, ev.seq, t.source, ev.phase, GREATEST(0, ev.next_at - ev.at)::float8 FROM t, ev
-              WHERE ev.phase IN ('scanning', 'cleanup', 'bundling') AND ev.next_phase IS NOT NULL
-                AND ev.next_phase NOT IN ('completed', 'timed_out', 'failed')
-              UNION ALL
-              SELECT 2, 0, t.source, 'upload', GREATEST(0, ${now} - up.accepted_at)::float8
-              FROM t, (SELECT accepted_at FROM ev WHERE phase = 'uploading' ORDER BY seq LIMIT 1) up
+              UPDATE targets SET status = 'in_progress', covered_remote_at = observed_remote_at, fence = fence + 1,
+                last_scan_started_at = g.now, attempts = attempts + 1
+              FROM pick JOIN g ON g.k = pick.k
+              WHERE targets.id = pick.id AND targets.status = 'pending'
+              RETURNING ${sql.literal(Codec.targetColumns.split(", ").map((c) => `targets.${c}`).join(", "))}, g.device_id AS r_device, g.slot AS r_slot, g.slots AS r_slots, g.now AS r_now, g.ord AS r_ord
             ), ins AS (
-              INSERT INTO durations (source, metric, outcome, ms, at)
-              SELECT source, metric, ${outcome}, ms, ${now} FROM d ORDER BY k, seq
+              INSERT INTO assignments (target_id, source, identity, device_id, device_slots, slot, fence, policy, covered_remote_at,
+                issued_at, scan_deadline, upload_deadline, expires_at, state)
+              SELECT t.id, t.source, t.identity, t.r_device, t.r_slots, t.r_slot, t.fence, pol.policy, t.covered_remote_at,
+                t.r_now, t.r_now + pol.scan_ms, t.r_now + pol.upload_ms, t.r_now + pol.ttl_ms, 'active'
+              FROM t JOIN pol ON pol.source = t.source
+              RETURNING reservation_id, target_id
             )
-            SELECT reservation_id FROM t`,
-          (rows) => (rows.length === 0 ? null : receipt)
+            SELECT t.*, ins.reservation_id AS fast_reservation_id FROM t JOIN ins ON ins.target_id = t.id`,
+          (rows) => {
+            const out = new Map<number, Assignment.Assignment>()
+            for (const r of rows) {
+              const t = Codec.target(r)
+              const i = Number(r.r_ord) - 1
+              const { policy, deadlines } = Deadline.issueFor(shared.config, t.source, reqs[i].now)
+              out.set(i, Assignment.issued(t, { reservationId: Number(r.fast_reservation_id), deviceId: reqs[i].deviceId, slot: reqs[i].slot }, policy, deadlines))
+            }
+            return out
+          }
         )
-      )
-    )
   }
 
   // One statement for any number of observations: columns as arrays (Postgres) or one JSON
@@ -620,6 +659,37 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
   return store
 })
 
-// The advisory lock key that serialises claims under a per-source cap ("sfcap" in ASCII).
-const CAP_LOCK = 0x7366636170
+// Sources in a request: absent means all of them.
+const sameSources = (a: ReadonlyArray<Source.Source> | undefined, b: ReadonlyArray<Source.Source> | undefined) =>
+  a === b || (a !== undefined && b !== undefined && a.length === b.length && a.every((s, i) => s === b[i]))
+
+// A configuration's policies as statement parameters, one row per source (computed once per
+// configuration object): the policy and its deadline offsets, as core's Deadline.issue adds them.
+const policyCache = new WeakMap<object, { sources: Array<string>; policies: Array<string>; scan: Array<number>; upload: Array<number>; ttl: Array<number>; exact: boolean }>()
+const policyRows = (config: Store.ClaimRequest["config"]) => {
+  let rows = policyCache.get(config)
+  if (rows === undefined) {
+    rows = { sources: [], policies: [], scan: [], upload: [], ttl: [], exact: true }
+    for (const s of Source.sources) {
+      if (config.sources[s] === undefined) continue
+      const { policy, deadlines } = Deadline.issueFor(config, s, 0)
+      rows.sources.push(s)
+      rows.policies.push(JSON.stringify(policy))
+      rows.scan.push(deadlines.scanDeadline)
+      rows.upload.push(deadlines.uploadDeadline)
+      rows.ttl.push(deadlines.expiresAt)
+      rows.exact &&= [deadlines.scanDeadline, deadlines.uploadDeadline, deadlines.expiresAt].every(Number.isSafeInteger)
+    }
+    policyCache.set(config, rows)
+  }
+  return rows
+}
+
+// The one-statement claim applies when the ids are integers and every source the claim may take
+// has a policy with whole-millisecond offsets; anything else is left to the transaction.
+const fastClaimable = (req: Pick<Store.ClaimRequest, "deviceId" | "now" | "config" | "sources">, slots: ReadonlyArray<number>) => {
+  if (![req.deviceId, req.now, ...slots].every(Number.isSafeInteger) || slots.length === 0) return false
+  const rows = policyRows(req.config)
+  return rows.exact && (req.sources ?? Source.sources).every((s) => rows.sources.includes(s))
+}
 

@@ -1,12 +1,25 @@
 import { HttpRouter, HttpServerRequest } from "@effect/platform"
 import { NodeHttpServerRequest } from "@effect/platform-node"
+import { WorkerApi } from "@scanfleet/core"
 import { Effect } from "effect"
 import type { z } from "zod"
 import { ApiError, invalid } from "../ApiError.js"
 import * as Url from "./Url.js"
 
-// Reads the raw body ourselves so an oversized one gets a 413 answer rather
-// than a reset connection: past the limit the rest is drained and dropped.
+type Path = ReadonlyArray<string | number>
+
+const tooLarge = (limit: number) =>
+  new ApiError({
+    status: 413,
+    error: "payload_too_large",
+    message: `the request body exceeds ${limit} bytes`,
+    issues: [{ path: [], message: `at most ${limit} bytes are accepted` }],
+    close: true
+  })
+
+// Reads the raw body ourselves so an oversized one is answered with 413 the moment the
+// limit is crossed, chunked or not: the rest is never read, and the connection is
+// closed after the answer rather than kept open to swallow what the client still sends.
 const readBody = (limit: number) =>
   Effect.flatMap(HttpServerRequest.HttpServerRequest, (req) => {
     const declared = Number(req.headers["content-length"] ?? Number.NaN)
@@ -15,19 +28,20 @@ const readBody = (limit: number) =>
     return Effect.async<string, ApiError>((resume) => {
       const chunks: Array<Buffer> = []
       let size = 0
-      let over = false
       const onData = (c: Buffer) => {
         size += c.length
-        if (size > limit) over = true
-        else chunks.push(c)
+        if (size <= limit) return void chunks.push(c)
+        cleanup()
+        msg.pause()
+        resume(Effect.fail(tooLarge(limit)))
       }
       const onEnd = () => {
         cleanup()
-        resume(over ? Effect.fail(tooLarge(limit)) : Effect.succeed(Buffer.concat(chunks).toString("utf8")))
+        resume(Effect.succeed(Buffer.concat(chunks).toString("utf8")))
       }
       const onError = () => {
         cleanup()
-        resume(Effect.fail(new ApiError({ status: 400, error: "body_unreadable", message: "the request body could not be read" })))
+        resume(Effect.fail(new ApiError({ status: 400, error: "body_unreadable", message: "the request body could not be read", issues: [{ path: [], message: "the body could not be read" }] })))
       }
       const cleanup = () => {
         msg.off("data", onData)
@@ -41,23 +55,116 @@ const readBody = (limit: number) =>
     })
   })
 
-const tooLarge = (limit: number) =>
-  new ApiError({ status: 413, error: "payload_too_large", message: `the request body exceeds ${limit} bytes`, issues: [{ path: [], message: `at most ${limit} bytes are accepted` }] })
+/**
+ * The depth of the deepest array or object in JSON text, scanning no further than
+ * one level past `max`: measured on the text, so a body nested thousands deep is
+ * refused before it is parsed, and nothing downstream recurses through it.
+ */
+const depthPast = (text: string, max: number): number | undefined => {
+  let depth = 0
+  let inString = false
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i)
+    if (inString) {
+      if (c === 92) i++ // backslash: skip the escaped character
+      else if (c === 34) inString = false
+    } else if (c === 34) inString = true
+    else if (c === 91 || c === 123) {
+      if (++depth > max) return i
+    } else if (c === 93 || c === 125) depth--
+  }
+  return undefined
+}
 
-/** Reads the body as JSON, refusing oversized and malformed input with a 4xx. */
+const loneSurrogate = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/
+
+/**
+ * Why a string cannot cross the edge, if it cannot: a NUL (PostgreSQL refuses it
+ * in text, and it ends C strings), an unpaired surrogate (it cannot be stored as
+ * UTF-8 exactly), or more than `max` UTF-16 code units.
+ */
+export const refuseString = (s: string, max: number): string | undefined => {
+  if (s.length > max) return `longer than ${max} characters (${s.length})`
+  if (s.includes("\u0000")) return "contains a NUL character (U+0000)"
+  if (loneSurrogate.test(s)) return "contains an unpaired UTF-16 surrogate"
+  return undefined
+}
+
+interface Frame {
+  readonly value: unknown
+  readonly parent: Frame | undefined
+  readonly key: string | number
+}
+
+const pathOf = (f: Frame | undefined): Array<string | number> => {
+  const path: Array<string | number> = []
+  for (let x = f; x?.parent !== undefined; x = x.parent) path.push(x.key)
+  return path.reverse()
+}
+
+/**
+ * Every string and key of a parsed body, walked without recursion: the first one
+ * that holds a NUL or an unpaired surrogate, or exceeds its length, as an issue at its path.
+ */
+const refuseStrings = (value: unknown): { path: Path; message: string } | undefined => {
+  const stack: Array<Frame> = [{ value, parent: undefined, key: "" }]
+  while (stack.length > 0) {
+    const f = stack.pop()!
+    const v = f.value
+    if (typeof v === "string") {
+      const why = refuseString(v, WorkerApi.maxStringLength)
+      if (why) return { path: pathOf(f), message: why }
+    } else if (Array.isArray(v)) {
+      for (let i = v.length - 1; i >= 0; i--) stack.push({ value: v[i], parent: f, key: i })
+    } else if (typeof v === "object" && v !== null) {
+      const keys = Object.keys(v)
+      for (let i = keys.length - 1; i >= 0; i--) {
+        const k = keys[i]
+        const why = refuseString(k, WorkerApi.maxKeyLength)
+        if (why) return { path: [...pathOf(f), k], message: `the key ${why}` }
+        stack.push({ value: (v as Record<string, unknown>)[k], parent: f, key: k })
+      }
+    }
+  }
+  return undefined
+}
+
+/**
+ * Reads the body as JSON, refusing with a 4xx what the server would not store
+ * exactly or could not handle: over its byte limit (413, as soon as it is
+ * crossed), nested deeper than `WorkerApi.maxJsonDepth`, malformed, or with a
+ * string or key that holds a NUL, an unpaired surrogate or too many characters (400).
+ */
 export const json = (limit: number): Effect.Effect<unknown, ApiError, HttpServerRequest.HttpServerRequest> =>
-  Effect.flatMap(readBody(limit), (text) =>
-    Effect.try({
-      try: (): unknown => JSON.parse(text),
-      catch: (e) =>
+  Effect.flatMap(readBody(limit), (text) => {
+    const deep = depthPast(text, WorkerApi.maxJsonDepth)
+    if (deep !== undefined)
+      return Effect.fail(
+        new ApiError({
+          status: 400,
+          error: "too_deep",
+          message: `the request body nests arrays and objects deeper than ${WorkerApi.maxJsonDepth} levels (at character ${deep})`,
+          issues: [{ path: [], message: `at most ${WorkerApi.maxJsonDepth} levels of nesting are accepted` }]
+        })
+      )
+    let value: unknown
+    try {
+      value = JSON.parse(text)
+    } catch (e) {
+      return Effect.fail(
         new ApiError({
           status: 400,
           error: "malformed_json",
           message: `the request body is not valid JSON: ${(e as Error).message}`,
           issues: [{ path: [], message: text.length === 0 ? "the body is empty; a JSON object is required" : "not valid JSON" }]
         })
-    })
-  )
+      )
+    }
+    const bad = refuseStrings(value)
+    return bad
+      ? Effect.fail(new ApiError({ status: 400, error: "invalid_body", message: `the request body is invalid: ${bad.path.join(".") || "(root)"}: ${bad.message}`, issues: [{ path: [...bad.path], message: bad.message }] }))
+      : Effect.succeed(value)
+  })
 
 /** Reads and validates a JSON body with a zod schema. */
 export const body = <S extends z.ZodType>(schema: S, limit: number): Effect.Effect<z.output<S>, ApiError, HttpServerRequest.HttpServerRequest> =>
@@ -66,13 +173,19 @@ export const body = <S extends z.ZodType>(schema: S, limit: number): Effect.Effe
     return r.success ? Effect.succeed(r.data as z.output<S>) : Effect.fail(invalid("body", r.error))
   })
 
-/** Validates the query string with a zod schema (repeated keys are refused). */
+/**
+ * Validates the query string with a zod schema (repeated keys are refused, and so
+ * is any key or value that holds a NUL or exceeds `WorkerApi.maxQueryLength`).
+ */
 export const query = <S extends z.ZodType>(schema: S, omit: ReadonlyArray<string> = []): Effect.Effect<z.output<S>, ApiError, HttpServerRequest.HttpServerRequest> =>
   Effect.flatMap(HttpServerRequest.HttpServerRequest, (req) => {
     const url = Url.parse(req.url)
     const obj: Record<string, string | Array<string>> = {}
     for (const [k, v] of url.searchParams) {
       if (omit.includes(k)) continue
+      const why = refuseString(k, WorkerApi.maxQueryLength) ?? refuseString(v, WorkerApi.maxQueryLength)
+      if (why)
+        return Effect.fail(new ApiError({ status: 400, error: "invalid_query", message: `the request query is invalid: ${k.slice(0, 64)}: ${why}`, issues: [{ path: [k.slice(0, WorkerApi.maxQueryLength)], message: why }] }))
       const prev = obj[k]
       obj[k] = prev === undefined ? v : Array.isArray(prev) ? [...prev, v] : [prev, v]
     }
@@ -80,13 +193,50 @@ export const query = <S extends z.ZodType>(schema: S, omit: ReadonlyArray<string
     return r.success ? Effect.succeed(r.data as z.output<S>) : Effect.fail(invalid("query", r.error))
   })
 
-/** A positive integer path parameter. */
-export const idParam = (name: string): Effect.Effect<number, ApiError, HttpRouter.RouteContext> =>
-  Effect.flatMap(HttpRouter.params, (p) => {
-    const v = p[name] ?? ""
-    return /^[1-9][0-9]{0,14}$/.test(v)
-      ? Effect.succeed(Number(v))
-      : Effect.fail(
-          new ApiError({ status: 400, error: "invalid_path", message: `${name} must be a positive integer`, issues: [{ path: [name], message: "must be a positive integer" }] })
-        )
+/**
+ * An optional text header, refused with 400 when it holds a NUL or a control
+ * character or exceeds `max` characters (a header is never silently cut).
+ */
+export const textHeader = (name: string, max: number): Effect.Effect<string | undefined, ApiError, HttpServerRequest.HttpServerRequest> =>
+  Effect.flatMap(HttpServerRequest.HttpServerRequest, (req) => {
+    const v = req.headers[name.toLowerCase()]
+    if (v === undefined) return Effect.succeed(undefined)
+    // eslint-disable-next-line no-control-regex
+    const why = /[\u0000-\u001f\u007f]/.test(v) ? "contains a control character" : refuseString(v, max)
+    return why
+      ? Effect.fail(new ApiError({ status: 400, error: "invalid_header", message: `the ${name} header ${why}`, issues: [{ path: ["headers", name.toLowerCase()], message: why }] }))
+      : Effect.succeed(v)
+  })
+
+const invalidPath = (name: string, message: string) =>
+  new ApiError({ status: 400, error: "invalid_path", message: `${name} ${message}`, issues: [{ path: [name], message }] })
+
+// The router reads `;` as the start of a query and ignores a trailing slash, so the
+// parameter it hands over may be only part of what the client sent: the segment is
+// compared with the raw request target instead.
+const rawSegment = (url: string, index: number, count: number): string | undefined => {
+  const end = url.search(/[?#]/)
+  const segments = (end === -1 ? url : url.slice(0, end)).split("/")
+  if (segments.length !== count) return undefined
+  try {
+    return decodeURIComponent(segments[index])
+  } catch {
+    return undefined
+  }
+}
+
+/**
+ * A positive integer path parameter: the whole path segment, exactly, so `1;x`,
+ * `1/`, `01` and `1.0` are refused with 400 rather than read as reservation 1.
+ */
+export const idParam = (name: string): Effect.Effect<number, ApiError, HttpRouter.RouteContext | HttpServerRequest.HttpServerRequest> =>
+  Effect.gen(function* () {
+    const ctx = yield* HttpRouter.RouteContext
+    const req = yield* HttpServerRequest.HttpServerRequest
+    const route = ctx.route.path.split("/")
+    const raw = rawSegment(req.url, route.indexOf(`:${name}`), route.length)
+    const v = ctx.params[name] ?? ""
+    if (raw !== v) return yield* Effect.fail(invalidPath(name, "must be one path segment holding a positive integer, with nothing after it"))
+    if (!/^[1-9][0-9]{0,14}$/.test(v)) return yield* Effect.fail(invalidPath(name, "must be a positive integer"))
+    return Number(v)
   })

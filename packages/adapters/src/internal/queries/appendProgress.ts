@@ -1,9 +1,8 @@
 import type { SqlClient, SqlError } from "@effect/sql"
 import { Effect, Either } from "effect"
-import { type Assignment, type Errors, PhaseModel, type Store } from "@scanfleet/core"
+import { type Assignment, type Errors, PhaseModel, type Store, WorkerWrite } from "@scanfleet/core"
 import * as Codec from "../Codec.js"
 import * as Prepared from "../Prepared.js"
-import * as Rules from "../Rules.js"
 
 type Row = { readonly [column: string]: unknown }
 type Auth = Store.Authority
@@ -23,7 +22,7 @@ export interface Speculation {
   readonly priorSeq: number
   /** The stored last phases under which the plan holds; "" stands for none yet. */
   readonly phases: ReadonlyArray<string>
-  readonly plan: Rules.ProgressPlan
+  readonly plan: WorkerWrite.ProgressPlan
 }
 
 const priors: ReadonlyArray<PhaseModel.Phase | null> = [null, ...PhaseModel.phases]
@@ -38,11 +37,11 @@ export const speculate = (reservationId: number, batch: ReadonlyArray<PhaseModel
   if (phases.length === 0) return null
   // Only the fields the plan reads: a live reservation whose timeline stops at priorSeq.
   const assumed = { reservationId, state: "active", expiresAt: Number.POSITIVE_INFINITY, lastPhase: phases[0], lastSeq: priorSeq } as Assignment.Assignment
-  const plan = Rules.planProgress(assumed, [], batch, now)
+  const plan = WorkerWrite.planProgress(assumed, [], batch, now)
   return Either.isRight(plan) ? { priorSeq, phases: phases.map((p) => p ?? ""), plan: plan.right } : null
 }
 
-type StoredEvent = Rules.ProgressPlan["fresh"][number]
+type StoredEvent = WorkerWrite.ProgressPlan["fresh"][number]
 
 // Stored events as [seq, kind, phase, at, detail, accepted_at], decoded as Codec.event
 // decodes a row, but field by field (a spread per event costs more than the rest).
@@ -55,8 +54,8 @@ const decodeStored = (v: unknown): ReadonlyArray<StoredEvent> =>
 
 /** Plans a batch against what was read: the assignment row and the stored events of the batch's sequences. */
 const planRead = (auth: Auth, batch: ReadonlyArray<PhaseModel.Event>, row: Row | undefined) =>
-  Either.flatMap(Rules.authorize(auth, row && Codec.assignment(row)), (a) =>
-    Either.map(Rules.planProgress(a, decodeStored(row?.stored_events), batch, auth.now), (plan) => ({ a, plan }))
+  Either.flatMap(WorkerWrite.authorize(auth, row && Codec.assignment(row)), (a) =>
+    Either.map(WorkerWrite.planProgress(a, decodeStored(row?.stored_events), batch, auth.now), (plan) => ({ a, plan }))
   )
 
 const readSeqs = (batch: ReadonlyArray<PhaseModel.Event>) => [...new Set(batch.map((e) => e.seq))].filter(isId)
@@ -165,7 +164,7 @@ export const gateFor = (batch: ReadonlyArray<PhaseModel.Event>): Gate | null => 
 
 const exactGate = (a: Assignment.Assignment): Gate => ({ lo: a.lastSeq, hi: a.lastSeq, phases: [a.lastPhase ?? ""] })
 
-const lastOf = (plan: Rules.ProgressPlan) => ({ phase: plan.assignment.lastPhase ?? "", seq: plan.assignment.lastSeq })
+const lastOf = (plan: WorkerWrite.ProgressPlan) => ({ phase: plan.assignment.lastPhase ?? "", seq: plan.assignment.lastSeq })
 
 /**
  * PostgreSQL, without a transaction: one statement writes a batch of consecutive
@@ -233,7 +232,7 @@ export const sqlite = (
   writeLock: Effect.Effect<unknown, SqlError.SqlError>
 ): Effect.Effect<Outcome, Refusal | SqlError.SqlError> =>
   Effect.gen(function* () {
-    const insert = (reservationId: number, fresh: Rules.ProgressPlan["fresh"]) =>
+    const insert = (reservationId: number, fresh: WorkerWrite.ProgressPlan["fresh"]) =>
       sql`INSERT INTO progress_events (reservation_id, seq, kind, phase, at, detail, accepted_at)
         SELECT ${reservationId}, j.value ->> 0, j.value ->> 1, j.value ->> 2, j.value ->> 3, j.value ->> 4, ${auth.now}
         FROM jsonb_each(${JSON.stringify(fresh.map((e) => [e.seq, e.kind, e.phase, e.at, e.detail ?? null]))}) AS j ORDER BY j.key`

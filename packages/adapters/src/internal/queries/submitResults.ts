@@ -1,67 +1,46 @@
 import type { SqlClient } from "@effect/sql"
 import { Effect } from "effect"
-import { Assignment, type Store } from "@scanfleet/core"
+import { type Assignment, type Store, WorkerWrite } from "@scanfleet/core"
 import * as Prepared from "../Prepared.js"
 
 /**
- * Postgres: accepts many results in one statement, each exactly as the one-result fast path
- * accepts one. A reservation row is locked (in id order, so concurrent batches cannot deadlock)
- * and must be the version in the statement's snapshot, so its timeline, read for durations, is
- * current; the target moves under a compare-and-set on (status, fence). Returns the receipts of
- * the results it accepted; every other input (a refusal, a repeat, a race) is left for the
+ * Postgres: accepts any number of results in one statement of fixed text (columns as
+ * arrays). Each reservation row is locked (in id order, so concurrent batches cannot
+ * deadlock) and must still be the caller's live one within its result-upload deadline;
+ * the target moves under a compare-and-set on (status, fence); the reservation ends with
+ * its result body on its own row and joins the pending list its durations are folded
+ * from later. The writes are core's WorkerWrite.resultPlan. Returns the receipts of the
+ * results it accepted; every other input (a refusal, a repeat, a race) is left for the
  * caller to judge one by one. Each reservation may appear once.
  */
 export const acceptMany = (sql: SqlClient.SqlClient, inputs: ReadonlyArray<Store.ResultInput>) => {
-  const receipts = new Map<number, Assignment.Receipt>(
-    inputs.map((i) => [i.reservationId, { receiptId: `rc-${i.reservationId}-${i.fence}`, reservationId: i.reservationId, outcome: i.outcome, acceptedAt: i.now }])
-  )
-  const ids = inputs.map((i) => i.reservationId)
+  const plans = inputs.map((i) => WorkerWrite.resultPlan(i, i.outcome, i.now))
+  const receipts = new Map<number, Assignment.Receipt>(plans.map((p) => [p.receipt.reservationId, p.receipt]))
   return Effect.map(
     sql<{ reservation_id: number }>`${sql.literal(Prepared.marker)}
       WITH inp AS (
-        SELECT * FROM unnest(${ids}::bigint[], ${inputs.map((i) => i.deviceId)}::bigint[], ${inputs.map((i) => i.fence)}::bigint[],
+        SELECT * FROM unnest(${inputs.map((i) => i.reservationId)}::bigint[], ${inputs.map((i) => i.deviceId)}::bigint[], ${inputs.map((i) => i.fence)}::bigint[],
           ${inputs.map((i) => i.now)}::bigint[], ${inputs.map((i) => i.outcome)}::text[], ${inputs.map((i) => i.finalPhase)}::text[],
-          ${inputs.map((i) => i.body)}::text[], ${inputs.map((i) => receipts.get(i.reservationId)!.receiptId)}::text[],
-          ${inputs.map((i) => Assignment.targetStatusAfter(i.outcome))}::text[])
-          AS i(reservation_id, device_id, fence, now, outcome, final_phase, body, receipt_id, target_status)
-      ), locked AS (
-        SELECT a.reservation_id, a.xmin::text AS v FROM assignments a JOIN inp i ON i.reservation_id = a.reservation_id
-        WHERE a.device_id = i.device_id AND a.fence = i.fence AND a.state = 'active' AND a.expires_at > i.now AND a.upload_deadline >= i.now
-        ORDER BY a.reservation_id
-        FOR UPDATE OF a
+          ${inputs.map((i) => i.body)}::text[], ${plans.map((p) => p.targetStatus)}::text[], ${plans.map((p) => p.state)}::text[])
+          AS i(reservation_id, device_id, fence, now, outcome, final_phase, body, target_status, state)
       ), a AS (
-        SELECT s.reservation_id, s.target_id, s.source, s.issued_at, s.fence, i.now, i.outcome, i.final_phase, i.body, i.receipt_id, i.target_status
-        FROM locked l JOIN assignments s ON s.reservation_id = l.reservation_id AND s.xmin::text = l.v JOIN inp i ON i.reservation_id = l.reservation_id
+        SELECT s.reservation_id, s.target_id, s.fence, i.now, i.outcome, i.final_phase, i.body, i.target_status, i.state
+        FROM assignments s JOIN inp i ON i.reservation_id = s.reservation_id
+        WHERE s.device_id = i.device_id AND s.fence = i.fence AND s.state = 'active' AND s.expires_at > i.now AND s.upload_deadline >= i.now
+        ORDER BY s.reservation_id
+        FOR UPDATE OF s
       ), t AS (
         UPDATE targets SET status = a.target_status, completed_at = CASE WHEN a.target_status = 'completed' THEN a.now ELSE targets.completed_at END
         FROM a WHERE targets.id = a.target_id AND targets.status = 'in_progress' AND targets.fence = a.fence
         RETURNING a.*
-      ), r AS (
-        INSERT INTO results (reservation_id, receipt_id, outcome, accepted_at, body)
-        SELECT reservation_id, receipt_id, outcome, now, body FROM t
       ), u AS (
-        UPDATE assignments SET state = CASE WHEN t.target_status = 'completed' THEN 'completed' ELSE 'failed' END, outcome = t.outcome,
-          final_phase = t.final_phase, ended_at = t.now
+        UPDATE assignments SET state = t.state, outcome = t.outcome, final_phase = t.final_phase, ended_at = t.now, result_body = t.body
         FROM t WHERE assignments.reservation_id = t.reservation_id
-      ), ev AS (
-        -- Spans as core's PhaseModel.spans builds them: recovery events do not split a phase.
-        SELECT e.reservation_id, e.seq, e.phase, e.at, e.accepted_at, lead(e.phase) OVER w AS next_phase, lead(e.at) OVER w AS next_at
-        FROM progress_events e WHERE e.reservation_id = ANY (${ids}::bigint[]) AND e.kind <> 'recovered'
-        WINDOW w AS (PARTITION BY e.reservation_id ORDER BY e.seq)
-      ), d AS (
-        SELECT t.reservation_id, 0 AS k, 0 AS seq, t.source, 'end_to_end' AS metric, t.outcome, t.now, GREATEST(0, t.now - t.issued_at)::float8 AS ms FROM t
-        UNION ALL
-        SELECT t.reservation_id, 1, ev.seq, t.source, ev.phase, t.outcome, t.now, GREATEST(0, ev.next_at - ev.at)::float8
-        FROM t JOIN ev ON ev.reservation_id = t.reservation_id
-        WHERE ev.phase IN ('scanning', 'cleanup', 'bundling') AND ev.next_phase IS NOT NULL AND ev.next_phase NOT IN ('completed', 'timed_out', 'failed')
-        UNION ALL
-        SELECT t.reservation_id, 2, 0, t.source, 'upload', t.outcome, t.now, GREATEST(0, t.now - up.accepted_at)::float8
-        FROM t JOIN LATERAL (SELECT ev.accepted_at FROM ev WHERE ev.reservation_id = t.reservation_id AND ev.phase = 'uploading' ORDER BY ev.seq LIMIT 1) up ON true
-      ), ins AS (
-        INSERT INTO durations (source, metric, outcome, ms, at)
-        SELECT source, metric, outcome, ms, now FROM d ORDER BY reservation_id, k, seq
+        RETURNING assignments.reservation_id
+      ), p AS (
+        INSERT INTO duration_pending (reservation_id) SELECT reservation_id FROM u
       )
-      SELECT reservation_id FROM t`,
+      SELECT reservation_id FROM u`,
     (rows) => new Map(rows.map((r) => [Number(r.reservation_id), receipts.get(Number(r.reservation_id))!]))
   )
 }

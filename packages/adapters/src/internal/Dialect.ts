@@ -1,0 +1,55 @@
+import type { SqlClient, SqlError, Statement } from "@effect/sql"
+import { Effect } from "effect"
+
+/**
+ * What differs between the SQL dialects in the statements the Store shares, chosen
+ * once per client (`sql.onDialectOrElse`). The operations whose whole statements
+ * differ are chosen by `name`, once, where the Store is built; a dialect module with
+ * native hot paths (SQLite's prepared statements) replaces those operations in its
+ * own Store layer.
+ */
+export interface Dialect {
+  readonly name: "pg" | "sqlite"
+  /** Appended to a read that a write of the same transaction depends on: a row lock on Postgres; SQLite's write lock already covers it. */
+  readonly forUpdate: Statement.Fragment
+  /** Appended to a read of rows to claim: concurrent claimers skip each other's rows on Postgres. */
+  readonly skipLocked: Statement.Fragment
+  /** A JSON document as a statement parameter. */
+  readonly json: (v: unknown) => Statement.Fragment
+  /**
+   * Run first in every write transaction. SQLite opens transactions with a deferred BEGIN; a
+   * no-op write takes the database's write lock at once, as BEGIN IMMEDIATE would, so a
+   * transaction never reads and then fails to upgrade (SQLITE_BUSY). Nothing on Postgres.
+   */
+  readonly writeLock: Effect.Effect<unknown, SqlError.SqlError>
+  /** Serialises the transactions that count fleet-wide (a per-source cap); SQLite's write lock does. */
+  readonly capLock: Effect.Effect<unknown, SqlError.SqlError>
+  /** The collation that groups raw rows by bytes, as the rollups' columns do. */
+  readonly bytes: string
+}
+
+// The advisory lock key that serialises claims under a per-source cap ("sfcap" in ASCII).
+const CAP_LOCK = 0x7366636170
+
+/** The dialect of a client. */
+export const of = (sql: SqlClient.SqlClient): Dialect =>
+  sql.onDialectOrElse({
+    pg: (): Dialect => ({
+      name: "pg",
+      forUpdate: sql.literal(" FOR UPDATE"),
+      skipLocked: sql.literal(" FOR UPDATE SKIP LOCKED"),
+      json: (v) => sql`${JSON.stringify(v)}::jsonb`,
+      writeLock: Effect.void,
+      capLock: sql`SELECT pg_advisory_xact_lock(${CAP_LOCK})`,
+      bytes: ' COLLATE "C"'
+    }),
+    orElse: (): Dialect => ({
+      name: "sqlite",
+      forUpdate: sql.literal(""),
+      skipLocked: sql.literal(""),
+      json: (v) => sql`${JSON.stringify(v)}`,
+      writeLock: sql`UPDATE targets SET fence = fence WHERE 0`,
+      capLock: Effect.void,
+      bytes: ""
+    })
+  })

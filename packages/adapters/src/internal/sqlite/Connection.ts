@@ -1,0 +1,230 @@
+import * as Reactivity from "@effect/experimental/Reactivity"
+import { SqlClient, SqlConnection, SqlError, Statement } from "@effect/sql"
+import Sqlite from "better-sqlite3"
+import { Duration, Effect, Schedule, Scope } from "effect"
+import { createRequire } from "node:module"
+import { Worker } from "node:worker_threads"
+
+/** How a SQLite database file is opened. */
+export interface Options {
+  readonly filename: string
+  readonly readonly?: boolean | undefined
+  readonly disableWAL?: boolean | undefined
+  /**
+   * How long a statement or transaction keeps retrying while another connection
+   * holds the write lock (default 5 seconds, as SQLite's usual busy timeout). The
+   * waits are asynchronous: the event loop keeps serving meanwhile.
+   */
+  readonly busyTimeout?: Duration.DurationInput | undefined
+  /**
+   * When a commit reaches the disk. `"normal"` (the default, in WAL mode): at
+   * checkpoints, so a commit costs no fsync on the event loop; a commit survives a
+   * crash of the process, and only an operating-system crash or power loss may
+   * undo the last ones (never corrupting the file). `"full"`: an fsync per commit.
+   */
+  readonly synchronous?: "normal" | "full" | undefined
+}
+
+/** One open database: the connection, and a way to run synchronous work on it in turn. */
+export interface Database {
+  readonly db: Sqlite.Database
+  /**
+   * Runs `f` (synchronous, typically one `db.transaction`) when no other work of this
+   * process holds the connection, retrying asynchronously while another process holds
+   * the write lock, up to the busy timeout or the instant `until` (epoch ms), whichever
+   * comes first; a driver error fails as SqlError.
+   */
+  readonly run: <A>(f: (db: Sqlite.Database) => A, options?: { readonly until?: number }) => Effect.Effect<A, SqlError.SqlError>
+}
+
+const codeOf = (e: unknown): string => (typeof e === "object" && e !== null && typeof (e as { code?: unknown }).code === "string" ? (e as { code: string }).code : "")
+
+/** The lock was held by another connection: SQLite did nothing, so the same work may run again. */
+export const isBusy = (e: unknown): boolean => {
+  const cause = e instanceof SqlError.SqlError ? e.cause : e
+  return codeOf(cause).startsWith("SQLITE_BUSY")
+}
+
+// Short first waits (a competing transaction is usually a few hundred microseconds
+// long), never more than 20 ms between tries, jittered so competitors spread out.
+const busySchedule = (timeout: Duration.DurationInput) =>
+  Schedule.exponential("500 micros", 2).pipe(
+    Schedule.modifyDelay((d) => Duration.min(d, Duration.millis(20))),
+    Schedule.jittered,
+    Schedule.upTo(timeout)
+  )
+
+/**
+ * Opens the file and makes both faces of it: an `@effect/sql` client (for the
+ * statements that go through tagged templates, and for other ports that share
+ * the file) and the `Database` for prepared statements run synchronously. Both
+ * take turns on one connection under one permit, so a synchronous transaction
+ * never interleaves with an `@effect/sql` one. SQLite's own busy handler is off
+ * (`busy_timeout = 0`): it sleeps on the event loop; waits are retried here instead.
+ */
+export const make = (options: Options): Effect.Effect<{ readonly client: SqlClient.SqlClient; readonly database: Database }, SqlError.SqlError, Scope.Scope | Reactivity.Reactivity> =>
+  Effect.gen(function* () {
+    const db = yield* Effect.acquireRelease(
+      Effect.try({
+        try: () => new Sqlite(options.filename, { readonly: options.readonly ?? false, timeout: 0 }),
+        catch: (cause) => new SqlError.SqlError({ cause, message: `Failed to open ${options.filename}` })
+      }),
+      (db) => Effect.sync(() => db.close())
+    )
+    const busyTimeout = options.busyTimeout ?? Duration.seconds(5)
+    // The schedule is built only once a first try found the lock taken: the common path pays nothing for it.
+    const retryBusyWhile = <A>(self: Effect.Effect<A, SqlError.SqlError>, more: (e: SqlError.SqlError) => boolean) =>
+      Effect.catchIf(self, isBusy, () => Effect.retry(self, { while: more, schedule: busySchedule(busyTimeout) }))
+    const retryBusy = <A>(self: Effect.Effect<A, SqlError.SqlError>) => retryBusyWhile(self, isBusy)
+    const attempt = <A>(message: string, f: () => A) =>
+      Effect.try({ try: f, catch: (cause) => new SqlError.SqlError({ cause, message }) })
+    yield* retryBusy(
+      attempt("Failed to configure the database", () => {
+        if (options.disableWAL !== true && options.readonly !== true) db.pragma("journal_mode = WAL")
+        db.pragma(`synchronous = ${options.synchronous === "full" ? "FULL" : "NORMAL"}`)
+      })
+    )
+
+    if (options.disableWAL !== true && options.readonly !== true) yield* checkpointer(db, options.filename)
+
+    // The text @effect/sql sends to begin a transaction that the acquirer has already begun.
+    const begun = "-- begun by the transaction acquirer"
+    // Prepared once per statement text: @effect/sql compiles a template to the same text each time.
+    const prepared = new Map<string, Sqlite.Statement>()
+    const prepare = (text: string) => {
+      let s = prepared.get(text)
+      if (s === undefined) {
+        s = db.prepare(text)
+        if (prepared.size >= 500) prepared.delete(prepared.keys().next().value!)
+        prepared.set(text, s)
+      }
+      return s
+    }
+    const rows = (s: Sqlite.Statement, params: ReadonlyArray<unknown>): ReadonlyArray<any> => {
+      if (s.reader) return s.all(...params)
+      s.run(...params)
+      return []
+    }
+    // A failed COMMIT leaves SQLite's transaction open (or half-closed): roll it back, so
+    // the connection is usable for the next transaction whatever the failure was.
+    const finish = (text: string) => {
+      // Nothing to roll back when a failed COMMIT already did.
+      if (text === "ROLLBACK" && !db.inTransaction) return
+      try {
+        db.exec(text)
+      } catch (e) {
+        if (!isBusy(e) && db.inTransaction) db.exec("ROLLBACK")
+        throw e
+      }
+    }
+    const exec = (text: string, params: ReadonlyArray<unknown>, unprepared: boolean) =>
+      retryBusy(
+        attempt("Failed to execute statement", () => {
+          if (params.length === 0 && text === begun) return []
+          if (params.length === 0 && (text === "COMMIT" || text === "ROLLBACK")) {
+            finish(text)
+            return []
+          }
+          return rows(unprepared ? db.prepare(text) : prepare(text), params)
+        })
+      )
+    const connection: SqlConnection.Connection = {
+      execute: (text, params, transformRows) => (transformRows ? Effect.map(exec(text, params, false), transformRows) : exec(text, params, false)),
+      executeRaw: (text, params) => exec(text, params, false),
+      executeValues: (text, params) =>
+        retryBusy(
+          attempt("Failed to execute statement", () => {
+            const s = prepare(text)
+            if (!s.reader) return (s.run(...params), [])
+            try {
+              return s.raw(true).all(...params) as ReadonlyArray<ReadonlyArray<unknown>>
+            } finally {
+              s.raw(false)
+            }
+          })
+        ),
+      executeUnprepared: (text, params, transformRows) => {
+        const e = exec(text, params ?? [], true)
+        return transformRows ? Effect.map(e, transformRows) : e
+      },
+      executeStream: () => Effect.dieMessage("executeStream is not implemented for SQLite")
+    }
+
+    const permit = yield* Effect.makeSemaphore(1)
+    const acquirer = permit.withPermits(1)(Effect.succeed(connection))
+    // A transaction takes the permit and the write lock together (BEGIN IMMEDIATE, here rather
+    // than in @effect/sql's begin, which is then a no-op): while another process holds the lock
+    // the permit is given back between tries, so this process's reads and other work go on.
+    const beginOnce = Effect.uninterruptibleMask((restore) =>
+      Effect.flatMap(restore(permit.take(1)), () =>
+        Effect.tapError(
+          attempt("Failed to begin a transaction", () => db.exec("BEGIN IMMEDIATE")),
+          () => permit.release(1)
+        )
+      )
+    )
+    const transactionAcquirer = Effect.uninterruptibleMask((restore) =>
+      Effect.as(
+        Effect.zipRight(restore(retryBusy(beginOnce)), Effect.tap(Effect.scope, (scope) => Scope.addFinalizer(scope, permit.release(1)))),
+        connection
+      )
+    )
+    const client = yield* SqlClient.make({
+      acquirer,
+      transactionAcquirer,
+      compiler: Statement.makeCompilerSqlite(),
+      // Begun by the transaction acquirer with BEGIN IMMEDIATE: a transaction never reads and then fails to upgrade.
+      beginTransaction: begun,
+      spanAttributes: [["db.system.name", "sqlite"]]
+    })
+    const database: Database = {
+      db,
+      run: (f, o) => {
+        const once = permit.withPermits(1)(attempt("Failed to run a transaction", () => f(db)))
+        const until = o?.until
+        return until === undefined ? retryBusy(once) : retryBusyWhile(once, (e) => isBusy(e) && Date.now() <= until)
+      }
+    }
+    return { client, database }
+  })
+
+// Runs in a worker thread: PASSIVE checkpoints on a connection of its own, which never
+// block the writer and keep their page copies and fsyncs off the event loop.
+const checkpointerSource = `
+  const { workerData, parentPort } = require("node:worker_threads")
+  const Sqlite = require(workerData.module)
+  const db = new Sqlite(workerData.filename, { timeout: 0 })
+  const checkpoint = () => { try { db.pragma("wal_checkpoint(PASSIVE)") } catch {} }
+  const timer = setInterval(checkpoint, workerData.intervalMs)
+  parentPort.once("message", () => { clearInterval(timer); checkpoint(); db.close(); parentPort.close() })`
+
+/**
+ * Moves WAL checkpoints off the event loop: SQLite's automatic checkpoint runs inside
+ * a COMMIT and copies pages and syncs the file there, seconds on a busy disk. It is
+ * turned off on this connection and a worker thread checkpoints every 250 ms instead;
+ * should the thread fail, the automatic checkpoint is turned back on.
+ */
+const checkpointer = (db: Sqlite.Database, filename: string) =>
+  Effect.acquireRelease(
+    Effect.sync(() => {
+      db.pragma("wal_autocheckpoint = 0")
+      const worker = new Worker(checkpointerSource, {
+        eval: true,
+        workerData: { module: createRequire(import.meta.url).resolve("better-sqlite3"), filename, intervalMs: 250 }
+      })
+      worker.unref()
+      worker.on("error", () => {
+        if (db.open) db.pragma("wal_autocheckpoint = 1000")
+      })
+      return worker
+    }),
+    (worker) =>
+      Effect.async<void>((resume) => {
+        const timer = setTimeout(() => void worker.terminate().finally(() => resume(Effect.void)), 2000)
+        worker.once("exit", () => {
+          clearTimeout(timer)
+          resume(Effect.void)
+        })
+        worker.postMessage("stop")
+      })
+  )

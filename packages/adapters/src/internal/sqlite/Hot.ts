@@ -1,0 +1,221 @@
+import type { SqlError } from "@effect/sql"
+import type Sqlite from "better-sqlite3"
+import { Effect, Either } from "effect"
+import { Assignment, Claim, Deadline, Errors, type PhaseModel, type Store, Target, WorkerWrite } from "@scanfleet/core"
+import * as Codec from "../Codec.js"
+import { mapped } from "../SqlErrors.js"
+import type { Database } from "./Connection.js"
+
+type Row = Record<string, unknown>
+
+// Ids are integers in every table; anything else can only miss, as in core's model.
+const isId = (n: number) => Number.isSafeInteger(n)
+
+/** A refusal decided inside a synchronous transaction: thrown to roll it back, caught outside. */
+class Refusal<E> {
+  constructor(readonly error: E) {}
+}
+
+/**
+ * The hot operations of the SQLite Store (claims, results, progress, observations)
+ * as prepared better-sqlite3 statements, one set per operation, each operation one
+ * synchronous IMMEDIATE transaction. The decisions are core's (Claim, Deadline,
+ * WorkerWrite, Target); these functions read what they need and write what they decide.
+ */
+export const make = (database: Database) => {
+  const db = database.db
+  const st = statements(db)
+
+  // One better-sqlite3 transaction function per operation, made once: `f` runs inside
+  // BEGIN IMMEDIATE ... COMMIT, and a thrown Refusal rolls back and fails with its error.
+  const transaction = <I, A, E>(f: (input: I) => A) => {
+    const tx = db.transaction(f)
+    return (input: I, until?: number): Effect.Effect<A, E | Errors.StoreError> =>
+      mapped(
+        Effect.flatMap(
+          database.run((): Either.Either<A, E> => {
+            try {
+              return Either.right(tx.immediate(input))
+            } catch (e) {
+              if (e instanceof Refusal) return Either.left(e.error as E)
+              throw e
+            }
+          }, until === undefined ? undefined : { until }),
+          (r): Effect.Effect<A, E | SqlError.SqlError> => r
+        )
+      )
+  }
+
+  const claimTx = transaction<Store.ClaimManyRequest, ReadonlyArray<Assignment.Assignment>, Errors.ClaimRejected>((req) => claimSlots(req))
+  const resultTx = transaction<Store.ResultInput, Either.Either<Assignment.Receipt, Errors.ReservationRefused>, never>((input) => submitOne(input))
+  const resultsTx = transaction<ReadonlyArray<Store.ResultInput>, ReadonlyArray<Either.Either<Assignment.Receipt, Errors.ReservationRefused>>, never>((inputs) => inputs.map(submitOne))
+  const progressTx = transaction<
+    { readonly auth: Store.Authority; readonly batch: ReadonlyArray<PhaseModel.Event> },
+    { readonly results: ReadonlyArray<Store.Acceptance>; readonly assignment: Assignment.Assignment },
+    Errors.ReservationRefused | Errors.ProgressRejected
+  >(({ auth, batch }) => progress(auth, batch))
+  const recordTx = transaction<{ readonly batch: ReadonlyArray<Target.Observation>; readonly now: number }, Store.RecordResult, never>(({ batch, now }) => record(batch, now))
+
+  // A claim waits for another process's write lock no longer than its client does.
+  const claimTransaction = (req: Store.ClaimManyRequest) =>
+    claimTx(req, req.notAfter).pipe(
+      Effect.catchIf(
+        (e): e is Errors.StoreError => e._tag === "StoreError" && e.reason === "conflict" && req.notAfter !== undefined && Date.now() > req.notAfter,
+        () => Effect.fail(Claim.deadlinePassed(req.notAfter!))
+      )
+    )
+
+  const loadAssignment = (reservationId: number): Assignment.Assignment | undefined => {
+    if (!isId(reservationId)) return undefined
+    const row = st.assignment.get(reservationId) as Row | undefined
+    return row && Codec.assignment(row)
+  }
+  const loadTarget = (id: number) => Codec.target(st.target.get(id) as Row)
+
+  function claimSlots(req: Store.ClaimManyRequest): ReadonlyArray<Assignment.Assignment> {
+    // Built only when refused: an error captures a stack trace.
+    const unknown = () => new Refusal(new Errors.ClaimRejected({ reason: "unknown_device", message: `device ${req.deviceId} is not registered or was revoked` }))
+    if (!isId(req.deviceId)) throw unknown()
+    const d = st.device.get(req.deviceId) as { slots: number; revoked_at: number | null } | undefined
+    if (!d || d.revoked_at !== null) throw unknown()
+    const refused = Claim.refuseSlots(d.slots, st.busySlots.all(req.deviceId) as Array<number>, req.slots)
+    if (refused) throw new Refusal(refused)
+    if (req.slots.length === 0) return []
+    // A cap of zero or less leaves nothing to take; otherwise each claim is stored before the next counts.
+    if (req.sourceCap !== undefined && req.sourceCap <= 0) return []
+    const filtered = req.sources !== undefined || req.sourceCap !== undefined
+    const params = filtered ? { now: req.now, sources: req.sources === undefined ? null : JSON.stringify(req.sources), cap: req.sourceCap ?? null } : { now: req.now }
+    const issued: Array<Assignment.Assignment> = []
+    for (const slot of req.slots) {
+      const row = (filtered ? st.pickFiltered : st.pick).get(params) as Row | undefined
+      if (row === undefined) break
+      const t = Codec.target(row)
+      const { policy, deadlines } = Deadline.issueFor(req.config, t.source, req.now)
+      const reservationId = Number(
+        st.reserve.run(t.id, t.source, t.identity, req.deviceId, d.slots, slot, t.fence, JSON.stringify(policy), t.coveredRemoteAt, deadlines.issuedAt, deadlines.scanDeadline, deadlines.uploadDeadline, deadlines.expiresAt).lastInsertRowid
+      )
+      issued.push(Assignment.issued(t, { reservationId, deviceId: req.deviceId, slot }, policy, deadlines))
+    }
+    // Last, just before COMMIT: a claim whose client stopped waiting is rolled back, not committed.
+    const late = Claim.pastDeadline(req.notAfter, Date.now())
+    if (late) throw new Refusal(late)
+    return issued
+  }
+
+  // One result, inside the caller's transaction: core judges, then the writes of an accepted result.
+  function submitOne(input: Store.ResultInput): Either.Either<Assignment.Receipt, Errors.ReservationRefused> {
+    const a = loadAssignment(input.reservationId)
+    const judged = WorkerWrite.judgeResult(input, a, (x) => loadTarget(x.targetId))
+    if (Either.isLeft(judged)) return Either.left(judged.left)
+    if (judged.right._tag === "repeat") return Either.right(judged.right.receipt)
+    const { receipt, targetStatus, state } = judged.right
+    const x = a!
+    if (targetStatus === "completed") st.completeTarget.run(input.now, x.targetId, x.fence)
+    else st.failTarget.run(targetStatus, x.targetId, x.fence)
+    const timeline = (st.timeline.all(x.reservationId) as Array<Row>).map(Codec.event)
+    for (const dur of WorkerWrite.durationsOfEnded(x, timeline, input.outcome, input.now)) st.duration.run(dur.source, dur.metric, dur.outcome, dur.ms, dur.at)
+    st.end.run(state, input.outcome, input.finalPhase, input.now, input.body, x.reservationId)
+    return Either.right(receipt)
+  }
+
+  function progress(auth: Store.Authority, batch: ReadonlyArray<PhaseModel.Event>) {
+    const authorized = WorkerWrite.authorize(auth, loadAssignment(auth.reservationId))
+    if (Either.isLeft(authorized)) throw new Refusal(authorized.left)
+    const a = authorized.right
+    // Only events at or before the stored end can be duplicates: read those alone (none for a fresh batch).
+    let lo = Number.POSITIVE_INFINITY
+    let hi = 0
+    for (const e of batch)
+      if (isId(e.seq) && e.seq <= a.lastSeq) {
+        lo = Math.min(lo, e.seq)
+        hi = Math.max(hi, e.seq)
+      }
+    const stored = hi === 0 ? [] : (st.events.all(a.reservationId, lo, hi) as Array<Row>).map(Codec.event)
+    const plan = WorkerWrite.planProgress(a, stored, batch, auth.now)
+    if (Either.isLeft(plan)) throw new Refusal(plan.left)
+    const { fresh, assignment, results } = plan.right
+    if (fresh.length > 0) {
+      for (const e of fresh) st.insertEvent.run(a.reservationId, e.seq, e.kind, e.phase, e.at, e.detail ?? null, e.acceptedAt)
+      st.bump.run(assignment.lastPhase, assignment.lastSeq, assignment.lastProgressAt, a.reservationId)
+    }
+    return { results, assignment }
+  }
+
+  function record(batch: ReadonlyArray<Target.Observation>, now: number): Store.RecordResult {
+    if (batch.length === 0) return { inserted: [], known: 0 }
+    // One row per target in order of first appearance, merged as core's Target.observe merges repeats.
+    const rows = new Map<string, { source: string; identity: string; remoteAt: number | null }>()
+    for (const o of batch) {
+      const key = `${o.source}\u0000${o.identity}`
+      const prior = rows.get(key)
+      rows.set(key, prior ? { ...prior, remoteAt: Target.mergeObserved(prior.remoteAt, o.remoteAt) } : { source: o.source, identity: o.identity, remoteAt: o.remoteAt })
+    }
+    // Under the write lock, ids above the previous maximum are the rows this batch inserted.
+    const top = st.topId.get() as number
+    const inserted: Array<string> = []
+    for (const r of rows.values()) {
+      const id = st.upsert.get(r.source, r.identity, r.remoteAt, now) as number | undefined
+      if (id !== undefined && id > top) inserted.push(r.identity)
+    }
+    return { inserted, known: batch.length - inserted.length }
+  }
+
+  return {
+    claim: (req: Store.ClaimRequest) => Effect.map(claimTransaction({ ...req, slots: [req.slot] }), (as) => as[0] ?? null),
+    claimMany: claimTransaction,
+    submitResult: (input: Store.ResultInput) => Effect.flatMap(resultTx(input), (r): Effect.Effect<Assignment.Receipt, Errors.ReservationRefused> => r),
+    // One transaction for the batch: each result judged after the ones before it, as one at a time.
+    submitResults: (inputs: ReadonlyArray<Store.ResultInput>) => resultsTx(inputs),
+    appendProgress: (auth: Store.Authority, batch: ReadonlyArray<PhaseModel.Event>) => progressTx({ auth, batch }),
+    recordObservations: (batch: ReadonlyArray<Target.Observation>, now: number) => recordTx({ batch, now })
+  } satisfies Partial<Store.StoreShape>
+}
+
+// The statement set of the hot operations, prepared once per connection.
+const statements = (db: Sqlite.Database) => {
+  const claimSet = `status = 'in_progress', covered_remote_at = observed_remote_at, fence = fence + 1, last_scan_started_at = @now, attempts = attempts + 1`
+  return {
+    device: db.prepare("SELECT slots, revoked_at FROM devices WHERE id = ?"),
+    busySlots: db.prepare("SELECT slot FROM assignments WHERE device_id = ? AND state = 'active'").pluck(),
+    // core's Claim.claim in one statement on the lowest-id pending target.
+    pick: db.prepare(`
+      UPDATE targets SET ${claimSet}
+      WHERE status = 'pending' AND id = (SELECT c.id FROM targets c WHERE c.status = 'pending' ORDER BY c.id LIMIT 1)
+      RETURNING ${Codec.targetColumns}`),
+    pickFiltered: db.prepare(`
+      UPDATE targets SET ${claimSet}
+      WHERE status = 'pending' AND id = (
+        SELECT c.id FROM targets c
+        WHERE c.status = 'pending'
+          AND (@sources IS NULL OR c.source IN (SELECT value FROM json_each(@sources)))
+          AND (@cap IS NULL OR c.source NOT IN (
+            SELECT a.source FROM assignments a WHERE a.state = 'active' GROUP BY a.source HAVING count(*) >= @cap))
+        ORDER BY c.id LIMIT 1)
+      RETURNING ${Codec.targetColumns}`),
+    reserve: db.prepare(`
+      INSERT INTO assignments (target_id, source, identity, device_id, device_slots, slot, fence, policy, covered_remote_at,
+        issued_at, scan_deadline, upload_deadline, expires_at, state)
+      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active')`),
+    assignment: db.prepare("SELECT * FROM assignments WHERE reservation_id = ?"),
+    target: db.prepare(`SELECT ${Codec.targetColumns} FROM targets WHERE id = ?`),
+    timeline: db.prepare("SELECT seq, kind, phase, at, detail, accepted_at FROM progress_events WHERE reservation_id = ? ORDER BY seq"),
+    completeTarget: db.prepare("UPDATE targets SET status = 'completed', completed_at = ? WHERE id = ? AND status = 'in_progress' AND fence = ?"),
+    failTarget: db.prepare("UPDATE targets SET status = ? WHERE id = ? AND status = 'in_progress' AND fence = ?"),
+    duration: db.prepare("INSERT INTO durations (source, metric, outcome, ms, at) VALUES (?, ?, ?, ?, ?)"),
+    end: db.prepare("UPDATE assignments SET state = ?, outcome = ?, final_phase = ?, ended_at = ?, result_body = ? WHERE reservation_id = ?"),
+    events: db.prepare("SELECT seq, kind, phase, at, detail, accepted_at FROM progress_events WHERE reservation_id = ? AND seq BETWEEN ? AND ? ORDER BY seq"),
+    insertEvent: db.prepare("INSERT INTO progress_events (reservation_id, seq, kind, phase, at, detail, accepted_at) VALUES (?, ?, ?, ?, ?, ?, ?)"),
+    bump: db.prepare("UPDATE assignments SET last_phase = ?, last_seq = ?, last_progress_at = ? WHERE reservation_id = ?"),
+    topId: db.prepare("SELECT COALESCE(MAX(id), 0) FROM targets").pluck(),
+    // SQLite's two-argument MAX() is NULL if either side is, so the WHERE does the null handling.
+    upsert: db
+      .prepare(`
+        INSERT INTO targets (source, identity, status, observed_remote_at, discovered_at) VALUES (?, ?, 'pending', ?, ?)
+        ON CONFLICT (source, identity) DO UPDATE
+          SET observed_remote_at = MAX(COALESCE(targets.observed_remote_at, excluded.observed_remote_at), excluded.observed_remote_at)
+          WHERE excluded.observed_remote_at IS NOT NULL
+            AND (targets.observed_remote_at IS NULL OR excluded.observed_remote_at > targets.observed_remote_at)
+        RETURNING id`)
+      .pluck()
+  }
+}
