@@ -181,7 +181,7 @@ describe.each(plan.available)("containment %s", (level) => {
     expect(eb.kind).toBe("staged")
     // b could only start once a's box was empty and its permit back.
     expect(eb.settledAt).toBeGreaterThan(ea.settledAt)
-    const starved = supervise(level, node("hold"), { deadlineMs: 2000, permits: Permits.make(0), args: [Unit.adversary("hold-stdout"), join(dir, `never-${level}.pids`)] })
+    const starved = supervise(level, node("hold"), { deadlineMs: DEADLINE, permits: Permits.make(0), args: [Unit.adversary("hold-stdout"), join(dir, `never-${level}.pids`)] })
     const es = await starved.end
     expect(es.kind).toBe("deadline")
     if (es.kind !== "deadline") return
