@@ -78,7 +78,8 @@ const device = async (name: string) => {
 
 describe("network faults between a worker and its server", () => {
   it("the server is unreachable for longer than the target-scan deadline: the deadline fires on time offline, and the timeout result and every event arrive once, in order, when the network returns", async () => {
-    await applyConfig(server.url, { scan: 3, upload: 20, ttl: 30 })
+    // The scan stage gets room for a sealed unit to start on a loaded machine and still be seen scanning.
+    await applyConfig(server.url, { scan: 8, upload: 20, ttl: 35 })
     await seed([`net/park-scanning-${Date.now()}`])
     const t = await device("offline-scan")
     const a = await until("scanning", () => peek(t.state, async (s) => (await s.assignments({ open: true })).find((x) => x.phase === "scanning")))
@@ -103,7 +104,7 @@ describe("network faults between a worker and its server", () => {
 
   it("the server is unreachable for longer than the assignment expiry: the server expires the reservation with evidence, nothing late is accepted, and the device goes back to work when the network returns", async () => {
     // One attempt: the expired target fails rather than coming back to park the next claim.
-    await applyConfig(server.url, { scan: 2, upload: 3, ttl: 6, margin: 1, maxAttempts: 1 })
+    await applyConfig(server.url, { scan: 6, upload: 3, ttl: 10, margin: 1, maxAttempts: 1 })
     const stamp = Date.now()
     await seed([`net/park-scanning-${stamp}`, `net/quick-${stamp}`])
     const t = await device("offline-expiry")
