@@ -3,7 +3,8 @@ import type { SqlClient } from "@effect/sql"
 import { SqlError } from "@effect/sql"
 import { Config, Duration, Effect, Layer, Redacted } from "effect"
 import * as Pg from "pg"
-import { Errors, Store } from "@scanfleet/core"
+import { Errors, type FindingStore, Store } from "@scanfleet/core"
+import * as SqlFindingStore from "./SqlFindingStore.js"
 import * as Migrate from "./internal/Migrate.js"
 import { PreparingClient } from "./internal/PreparingClient.js"
 import * as SqlStore from "./internal/SqlStore.js"
@@ -99,8 +100,8 @@ export const migrate: Effect.Effect<void, Errors.StoreError, SqlClient.SqlClient
  */
 export const make: Effect.Effect<Store.StoreShape, Errors.StoreError, SqlClient.SqlClient> = Effect.zipRight(migrate, SqlStore.make)
 
-/** The Store over an existing SqlClient (a Postgres one), migrating first. */
-export const layerFromClient: Layer.Layer<Store.Store, Errors.StoreError, SqlClient.SqlClient> = Layer.effect(Store.Store, make)
+/** The Store and its FindingStore over an existing SqlClient (a Postgres one), migrating first. */
+export const layerFromClient: Layer.Layer<Store.Store | FindingStore.FindingStore, Errors.StoreError, SqlClient.SqlClient> = Layer.merge(Layer.effect(Store.Store, make), SqlFindingStore.layerFromClient)
 
 /**
  * The Store with its own connection pool.
@@ -108,11 +109,11 @@ export const layerFromClient: Layer.Layer<Store.Store, Errors.StoreError, SqlCli
  * @example
  * const StoreLive = PgStore.layer({ url: Redacted.make(process.env.DATABASE_URL!), maxConnections: 20 })
  */
-export const layer = (config: PgClient.PgClientConfig, options: PoolOptions = {}): Layer.Layer<Store.Store, Errors.StoreError> =>
+export const layer = (config: PgClient.PgClientConfig, options: PoolOptions = {}): Layer.Layer<Store.Store | FindingStore.FindingStore, Errors.StoreError> =>
   storeLayer(Layer.provide(layerFromClient, clientLayer(config, options)))
 
 /** The Store with connection settings read from Config (for example `Config.redacted("DATABASE_URL")`). */
-export const layerConfig = (config: Config.Config.Wrap<PgClient.PgClientConfig>, options: PoolOptions = {}): Layer.Layer<Store.Store, Errors.StoreError> =>
+export const layerConfig = (config: Config.Config.Wrap<PgClient.PgClientConfig>, options: PoolOptions = {}): Layer.Layer<Store.Store | FindingStore.FindingStore, Errors.StoreError> =>
   storeLayer(Layer.provide(
     layerFromClient,
     Layer.unwrapEffect(

@@ -1,7 +1,8 @@
 import { SqliteClient } from "@effect/sql-sqlite-node"
 import type { SqlClient } from "@effect/sql"
 import { type Config, Effect, Layer } from "effect"
-import { Errors, Store } from "@scanfleet/core"
+import { Errors, type FindingStore, Store } from "@scanfleet/core"
+import * as SqlFindingStore from "./SqlFindingStore.js"
 import * as Migrate from "./internal/Migrate.js"
 import * as SqlStore from "./internal/SqlStore.js"
 import { storeLayer } from "./internal/SqlErrors.js"
@@ -17,8 +18,8 @@ export const migrate: Effect.Effect<void, Errors.StoreError, SqlClient.SqlClient
  */
 export const make: Effect.Effect<Store.StoreShape, Errors.StoreError, SqlClient.SqlClient> = Effect.zipRight(migrate, SqlStore.make)
 
-/** The Store over an existing SqlClient (a SQLite one), migrating first. */
-export const layerFromClient: Layer.Layer<Store.Store, Errors.StoreError, SqlClient.SqlClient> = Layer.effect(Store.Store, make)
+/** The Store and its FindingStore over an existing SqlClient (a SQLite one), migrating first. */
+export const layerFromClient: Layer.Layer<Store.Store | FindingStore.FindingStore, Errors.StoreError, SqlClient.SqlClient> = Layer.merge(Layer.effect(Store.Store, make), SqlFindingStore.layerFromClient)
 
 const settingsError = (e: unknown) => new Errors.StoreError({ reason: "unavailable", message: `SQLite settings: ${String(e)}`, cause: e })
 
@@ -28,9 +29,9 @@ const settingsError = (e: unknown) => new Errors.StoreError({ reason: "unavailab
  * @example
  * const StoreLive = SqliteStore.layer({ filename: "./scanfleet.db" })
  */
-export const layer = (config: SqliteClient.SqliteClientConfig): Layer.Layer<Store.Store, Errors.StoreError> =>
+export const layer = (config: SqliteClient.SqliteClientConfig): Layer.Layer<Store.Store | FindingStore.FindingStore, Errors.StoreError> =>
   storeLayer(Layer.provide(layerFromClient, Layer.mapError(SqliteClient.layer(config), settingsError)))
 
 /** The Store with its settings read from Config (for example `{ filename: Config.string("SCANFLEET_DB") }`). */
-export const layerConfig = (config: Config.Config.Wrap<SqliteClient.SqliteClientConfig>): Layer.Layer<Store.Store, Errors.StoreError> =>
+export const layerConfig = (config: Config.Config.Wrap<SqliteClient.SqliteClientConfig>): Layer.Layer<Store.Store | FindingStore.FindingStore, Errors.StoreError> =>
   storeLayer(Layer.provide(layerFromClient, Layer.mapError(SqliteClient.layerConfig(config), settingsError)))

@@ -1,6 +1,6 @@
 import { SqlClient, Statement } from "@effect/sql"
 import { Effect, Either, Schedule } from "effect"
-import { Assignment, Claim, Deadline, Errors, Percentile, Source, Store, type Target } from "@scanfleet/core"
+import { Assignment, Claim, Deadline, Errors, Findings, Percentile, Source, Store, type Target } from "@scanfleet/core"
 import * as Codec from "./Codec.js"
 import * as Rollups from "./Rollups.js"
 import * as Prepared from "./Prepared.js"
@@ -135,7 +135,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         // rest (refusals, repeats, races) and every result on SQLite are judged one by one.
         const seen = new Set<number>()
         const batch = isPg
-          ? inputs.filter((i) => [i.reservationId, i.deviceId, i.fence, i.now].every(isId) && !seen.has(i.reservationId) && seen.add(i.reservationId))
+          ? inputs.filter((i) => [i.reservationId, i.deviceId, i.fence, i.now].every(isId) && !Findings.carriesFindings(i.outcome, i.body) && !seen.has(i.reservationId) && seen.add(i.reservationId))
           : []
         const accepted =
           batch.length === 0
@@ -532,6 +532,8 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
   // transactional path decides, with its exact reason.
   function submitFast(input: Store.ResultInput): Effect.Effect<Assignment.Receipt | null, Errors.StoreError> {
     if (![input.reservationId, input.deviceId, input.fence, input.now].every(isId)) return Effect.succeed(null)
+    // Findings are written by the transactional path (the statement also declines a target with open findings).
+    if (Findings.carriesFindings(input.outcome, input.body)) return Effect.succeed(null)
     const status = Assignment.targetStatusAfter(input.outcome)
     const receipt: Assignment.Receipt = {
       receiptId: `rc-${input.reservationId}-${input.fence}`,
@@ -550,6 +552,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
               SELECT reservation_id, target_id, source, issued_at, fence, xmin::text AS v FROM assignments
               WHERE reservation_id = ${input.reservationId}::bigint AND device_id = ${input.deviceId}::bigint AND fence = ${input.fence}::bigint
                 AND state = 'active' AND expires_at > ${now} AND upload_deadline >= ${now}
+                AND NOT EXISTS (SELECT 1 FROM findings f WHERE f.target_id = assignments.target_id AND f.status <> 'resolved')
               FOR UPDATE
             ), a AS (
               SELECT l.* FROM locked l JOIN assignments s ON s.reservation_id = l.reservation_id AND s.xmin::text = l.v

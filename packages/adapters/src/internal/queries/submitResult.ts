@@ -3,6 +3,7 @@ import { Effect, Either } from "effect"
 import { Assignment, Claim, type Errors, type PhaseModel, type Store, type Target } from "@scanfleet/core"
 import * as Codec from "../Codec.js"
 import * as Rules from "../Rules.js"
+import * as SqlFindingStore from "../../SqlFindingStore.js"
 
 type Row = { readonly [column: string]: unknown }
 type Event = PhaseModel.Event & { readonly acceptedAt: number }
@@ -82,6 +83,8 @@ export const writeAccepted = (
     const receipt: Assignment.Receipt = { receiptId: `rc-${a.reservationId}-${a.fence}`, reservationId: a.reservationId, outcome: input.outcome, acceptedAt: input.now }
     yield* sql`INSERT INTO results (reservation_id, receipt_id, outcome, accepted_at, body)
       VALUES (${a.reservationId}, ${receipt.receiptId}, ${receipt.outcome}, ${receipt.acceptedAt}, ${input.body})`
+    // Findings: related and written in this transaction, with the result.
+    yield* SqlFindingStore.record(sql, { reservationId: a.reservationId, targetId: t.id, source: a.source, identity: a.identity, coveredRemoteAt: a.coveredRemoteAt, outcome: input.outcome, now: input.now, body: input.body })
     const uploading = evs.find((e) => e.kind === "phase" && e.phase === "uploading")
     yield* insertDurations(Assignment.durationsOf(a, evs, input.outcome, input.now, uploading ? uploading.acceptedAt : null))
     yield* sql`UPDATE assignments SET state = ${status === "completed" ? "completed" : "failed"}, outcome = ${input.outcome},

@@ -27,6 +27,8 @@ export const acceptMany = (sql: SqlClient.SqlClient, inputs: ReadonlyArray<Store
       ), locked AS (
         SELECT a.reservation_id, a.xmin::text AS v FROM assignments a JOIN inp i ON i.reservation_id = a.reservation_id
         WHERE a.device_id = i.device_id AND a.fence = i.fence AND a.state = 'active' AND a.expires_at > i.now AND a.upload_deadline >= i.now
+          -- a target with open findings is related by the transactional path
+          AND NOT EXISTS (SELECT 1 FROM findings f WHERE f.target_id = a.target_id AND f.status <> 'resolved')
         ORDER BY a.reservation_id
         FOR UPDATE OF a
       ), a AS (
