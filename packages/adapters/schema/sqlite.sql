@@ -77,6 +77,57 @@ CREATE TABLE durations (
       at BIGINT NOT NULL
     );
 
+CREATE TABLE finding_events (
+      finding_id BIGINT NOT NULL REFERENCES findings (id),
+      reservation_id BIGINT NOT NULL,
+      kind TEXT NOT NULL,
+      revision TEXT,
+      at BIGINT NOT NULL,
+      PRIMARY KEY (finding_id, reservation_id)
+    );
+
+CREATE TABLE finding_outbox (
+      seq INTEGER PRIMARY KEY AUTOINCREMENT,
+      target_id BIGINT NOT NULL,
+      at BIGINT NOT NULL,
+      payload TEXT NOT NULL
+    );
+
+CREATE TABLE finding_scans (
+      reservation_id BIGINT PRIMARY KEY,
+      target_id BIGINT NOT NULL REFERENCES targets (id),
+      source TEXT NOT NULL,
+      identity TEXT NOT NULL,
+      revision TEXT,
+      at BIGINT NOT NULL,
+      new_count INTEGER NOT NULL,
+      present_count INTEGER NOT NULL,
+      resolved_count INTEGER NOT NULL
+    );
+
+CREATE TABLE findings (
+      id INTEGER PRIMARY KEY,
+      target_id BIGINT NOT NULL REFERENCES targets (id),
+      source TEXT NOT NULL,
+      identity TEXT NOT NULL,
+      detector TEXT NOT NULL,
+      path TEXT NOT NULL,
+      line INTEGER,
+      fingerprint TEXT NOT NULL,
+      preview TEXT NOT NULL,
+      verified INTEGER,
+      status TEXT NOT NULL,
+      first_seen_at BIGINT NOT NULL,
+      last_seen_at BIGINT NOT NULL,
+      first_revision TEXT,
+      last_revision TEXT,
+      resolved_at BIGINT,
+      resolved_revision TEXT,
+      details TEXT NOT NULL,
+      sealed TEXT,
+      UNIQUE (target_id, detector, path, fingerprint)
+    );
+
 CREATE TABLE progress_events (
       reservation_id BIGINT NOT NULL REFERENCES assignments (reservation_id),
       seq INTEGER NOT NULL,
@@ -101,6 +152,8 @@ CREATE TABLE "scanfleet_migrations" (
   created_at datetime NOT NULL DEFAULT current_timestamp,
   name VARCHAR(255) NOT NULL
 );
+
+CREATE TABLE sqlite_sequence(name,seq);
 
 CREATE TABLE targets (
       id INTEGER PRIMARY KEY,
@@ -151,6 +204,12 @@ CREATE TRIGGER durations_rollup AFTER INSERT ON durations
 CREATE INDEX durations_source_idx ON durations (source, metric, outcome, at);
 
 CREATE INDEX durations_window_idx ON durations (at);
+
+CREATE INDEX finding_scans_target_idx ON finding_scans (target_id, reservation_id);
+
+CREATE INDEX findings_identity_idx ON findings (source, identity, id);
+
+CREATE INDEX findings_source_idx ON findings (source, status, id);
 
 CREATE INDEX targets_pending_idx ON targets (id) WHERE status = 'pending';
 
