@@ -374,3 +374,63 @@ export const fromBody = (body: string): ReadonlyArray<Accepted> => {
   }
   return out
 }
+
+/** A dotted path into a scanner's JSON finding (`SourceMetadata.Data.Git.file`), or several tried in order. */
+const FieldPath = z.union([z.string().min(1).max(500), z.array(z.string().min(1).max(500)).min(1).max(16)])
+
+/**
+ * How to read a scanner's findings: which fields hold secrets (redacted at the
+ * device), which one the fingerprint is taken from (the first present of
+ * `fingerprintFrom`, default `secretFields` in order), and where the detector,
+ * file, line, commit and verified flag are. A command scanner spec may carry
+ * its own; the presets' are in {@link fieldMaps}.
+ */
+export const FieldMapSchema = z
+  .object({
+    secretFields: z.array(z.string().min(1).max(200)).max(64),
+    fingerprintFrom: z.array(z.string().min(1).max(200)).max(64).optional(),
+    detector: FieldPath.optional(),
+    path: FieldPath.optional(),
+    line: FieldPath.optional(),
+    commit: FieldPath.optional(),
+    verified: FieldPath.optional()
+  })
+  .strict()
+/** A field map. */
+export type FieldMap = z.infer<typeof FieldMapSchema>
+
+/** The field maps of the preset scanners, keyed by preset name (their secret fields are {@link secretFields}). */
+export const fieldMaps: Readonly<Record<keyof typeof secretFields, FieldMap>> = {
+  trufflehog: {
+    secretFields: [...secretFields.trufflehog],
+    fingerprintFrom: ["RawV2", "Raw"],
+    detector: "DetectorName",
+    path: ["SourceMetadata.Data.Git.file", "SourceMetadata.Data.Filesystem.file", "SourceMetadata.Data.Docker.file", "SourceMetadata.Data.Huggingface.file"],
+    line: ["SourceMetadata.Data.Git.line", "SourceMetadata.Data.Filesystem.line"],
+    commit: ["SourceMetadata.Data.Git.commit", "SourceMetadata.Data.Huggingface.commit"],
+    verified: "Verified"
+  },
+  gitleaks: { secretFields: [...secretFields.gitleaks], fingerprintFrom: ["Secret", "Match"], detector: "RuleID", path: "File", line: "StartLine", commit: "Commit" },
+  secretlint: { secretFields: [...secretFields.secretlint], fingerprintFrom: ["data", "message"], detector: "ruleId", path: "filePath", line: "loc.start.line" }
+}
+
+/** The value at a dotted path (the first path that yields one), or undefined. */
+export const at = (value: unknown, path: FieldMap["detector"]): unknown => {
+  if (path === undefined) return undefined
+  for (const p of typeof path === "string" ? [path] : path) {
+    let v: unknown = value
+    for (const k of p.split(".")) v = v !== null && typeof v === "object" && !Array.isArray(v) ? (v as Record<string, unknown>)[k] : undefined
+    if (v !== undefined && v !== null) return v
+  }
+  return undefined
+}
+
+/** A JSON value as one string, keys sorted, so equal values fingerprint equally wherever they were printed. */
+export const canonical = (v: unknown): string => (typeof v === "string" ? v : json(v))
+
+const json = (v: unknown): string =>
+  v === null || typeof v !== "object"
+    ? (JSON.stringify(v) ?? "null")
+    : Array.isArray(v)
+      ? `[${v.map(json).join(",")}]`
+      : `{${Object.keys(v).sort().map((k) => `${JSON.stringify(k)}:${json((v as Record<string, unknown>)[k])}`).join(",")}}`

@@ -7,6 +7,7 @@ import { createServer } from "node:http"
 import * as AdminRoutes from "./AdminRoutes.js"
 import { ApiError, toResponse } from "./ApiError.js"
 import * as Dashboard from "./Dashboard.js"
+import * as FindingRoutes from "./FindingRoutes.js"
 import * as Metrics from "./Metrics.js"
 import { type ServerConfig, Settings } from "./ServerConfig.js"
 import * as Url from "./internal/Url.js"
@@ -34,7 +35,7 @@ const metricsRoute = Effect.gen(function* () {
 const healthRoute = Effect.succeed(HttpServerResponse.unsafeJson({ ok: true }))
 
 /** Every route of the server. */
-export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Settings | Metrics.Metrics> = HttpRouter.concatAll(WorkerRoutes.router, AdminRoutes.router, Dashboard.router).pipe(
+export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Settings | Metrics.Metrics> = HttpRouter.concatAll(WorkerRoutes.router, AdminRoutes.router, Dashboard.router, FindingRoutes.router).pipe(
   HttpRouter.get("/metrics", metricsRoute),
   HttpRouter.get("/healthz", healthRoute)
 )

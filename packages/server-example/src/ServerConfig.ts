@@ -24,7 +24,11 @@ export const ServerConfigSchema = z
     poolSize: z.number().int().min(1).max(200).default(10),
     /** PostgreSQL: run the hot statements as prepared statements; off behind a pooler that cannot carry them (PgBouncer in transaction mode before 1.21). */
     pgPrepare: z.boolean().default(true),
-    logLevel: z.enum(["debug", "info", "warning", "error", "none"]).default("info")
+    logLevel: z.enum(["debug", "info", "warning", "error", "none"]).default("info"),
+    /** The secret the fleet key (devices fingerprint found secrets with it) is derived from; the admin token when absent. Never stored in the database. */
+    findingsKey: z.string().min(16).optional(),
+    /** Opt-in raw upload: 32 bytes as 64 hex digits; devices may then send secret values, sealed with AES-256-GCM before they are stored. Never stored in the database. */
+    findingsRawKey: z.string().regex(/^[0-9a-fA-F]{64}$/, "must be 64 hex digits (32 bytes)").optional()
   })
   .strict()
 
@@ -42,7 +46,9 @@ export const envVars = {
   SCANFLEET_SWEEP_INTERVAL_MS: "sweepIntervalMs",
   SCANFLEET_POOL_SIZE: "poolSize",
   SCANFLEET_PG_PREPARE: "pgPrepare",
-  SCANFLEET_LOG_LEVEL: "logLevel"
+  SCANFLEET_LOG_LEVEL: "logLevel",
+  SCANFLEET_FINDINGS_KEY: "findingsKey",
+  SCANFLEET_FINDINGS_RAW_KEY: "findingsRawKey"
 } as const
 
 const numeric = new Set(["port", "sweepIntervalMs", "poolSize"])

@@ -10,6 +10,7 @@ import {
   fromStoreError
 } from "./ApiError.js"
 import * as Auth from "./Auth.js"
+import * as FindingIntake from "./FindingIntake.js"
 import * as Managed from "./internal/Managed.js"
 import * as Request from "./internal/Request.js"
 import { Settings } from "./ServerConfig.js"
@@ -78,10 +79,11 @@ const result = Effect.gen(function* () {
   const id = yield* Request.idParam("id")
   const req = yield* Request.body(WorkerApi.ResultRequest, WorkerApi.maxResultBytes)
   yield* owned(id, device.id)
+  const findings = yield* FindingIntake.accept(req.findings, yield* Settings)
   const store = yield* Store.Store
   const now = yield* Clock.currentTimeMillis
   const receipt = yield* store
-    .submitResult({ deviceId: device.id, reservationId: id, fence: req.fence, now, outcome: req.outcome, finalPhase: req.finalPhase, body: JSON.stringify({ findings: req.findings, log: req.log }) })
+    .submitResult({ deviceId: device.id, reservationId: id, fence: req.fence, now, outcome: req.outcome, finalPhase: req.finalPhase, body: JSON.stringify({ findings, log: req.log }) })
     .pipe(Effect.catchTags({ ReservationRefused: (e) => Effect.fail(fromReservationRefused(e)), StoreError: (e) => Effect.fail(fromStoreError(e)) }))
   yield* Effect.logInfo("result accepted").pipe(Effect.annotateLogs({ reservationId: id, deviceId: device.id, outcome: receipt.outcome, finalPhase: req.finalPhase, findings: req.findings.length }))
   return ok(receipt)

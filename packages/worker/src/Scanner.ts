@@ -1,4 +1,4 @@
-import { Assignment, Source, WorkerApi } from "@scanfleet/core"
+import { Assignment, Findings, Source, WorkerApi } from "@scanfleet/core"
 import { fileURLToPath } from "node:url"
 import { z } from "zod"
 
@@ -36,7 +36,9 @@ export const CommandSpecSchema = z
     exitCodes: z.record(z.string().regex(/^\d+$/), ScannerOutcomeSchema),
     otherwise: ScannerOutcomeSchema.default("scan_error"),
     stop: StopSchema.default("SIGTERM"),
-    env: z.record(z.string(), z.string()).optional()
+    env: z.record(z.string(), z.string()).optional(),
+    /** Which output fields hold secrets and where the detector, file and line are (the preset's by name when absent); see Redaction. */
+    findings: Findings.FieldMapSchema.optional()
   })
   .strict()
 /** A command scanner. */
@@ -52,7 +54,9 @@ export const ModuleSpecSchema = z
     exportName: z.string().default("default"),
     /** JSON options handed to the runner as `ctx.options`. */
     options: z.unknown().optional(),
-    stop: StopSchema.default("SIGTERM")
+    stop: StopSchema.default("SIGTERM"),
+    /** Which fields of the runner's findings hold secrets (see Redaction). */
+    findings: Findings.FieldMapSchema.optional()
   })
   .strict()
 /** A module scanner. */

@@ -11,6 +11,7 @@ import * as LocalState from "./LocalState.js"
 import * as Outbox from "./Outbox.js"
 import * as Permits from "./Permits.js"
 import * as ProcessTree from "./ProcessTree.js"
+import * as Redaction from "./Redaction.js"
 import * as Scanner from "./Scanner.js"
 
 /**
@@ -64,6 +65,10 @@ export interface Options {
   readonly maxBackoffMs?: number
   /** Receives every device event (default: JSON lines on stderr for errors and retries only). */
   readonly onEvent?: (e: DeviceEvent) => void
+  /** The fleet key (hex) to fingerprint secrets with; fetched from the server when absent. */
+  readonly fleetKey?: string
+  /** Also upload secret values in the clear, for a server with a raw-upload key (opt-in; default false). */
+  readonly rawUpload?: boolean
   /** Overrides the execution-unit script (tests). */
   readonly childPath?: string
 }
@@ -157,6 +162,7 @@ export const start = async (opts: Options): Promise<Device> => {
     throw e
   })
   const client = Client.make({ server: opts.server, token: opts.token })
+  const redactor = Redaction.make({ server: opts.server, token: opts.token, scanner: opts.scanner, fleetKey: opts.fleetKey, rawUpload: opts.rawUpload })
   const permits = Permits.make(opts.permits ?? opts.slots)
   const graceMs = opts.graceMs ?? 2000
   const pollMs = opts.pollMs ?? 1000
@@ -251,7 +257,8 @@ export const start = async (opts: Options): Promise<Device> => {
     const started = await mustGet(id)
     if (started.phase === null || PhaseModel.canTransition(started.phase, "bundling")) await append(id, "bundling")
     const a = await mustGet(id)
-    const body = resultBody(a.fence, outcome, finalPhase, staged.findings, staged.log)
+    // Redaction: no declared secret value leaves the device (nor reaches the local result queue).
+    const body = resultBody(a.fence, outcome, finalPhase, await redactor.findings(staged.findings), staged.log)
     if (a.phase !== "uploading" && a.phase !== "awaiting_receipt") await append(id, "uploading")
     const cur = await mustGet(id)
     const waiting = cur.phase === "awaiting_receipt" ? cur.lastSeq : (await append(id, "awaiting_receipt")).seq
@@ -442,6 +449,8 @@ export const start = async (opts: Options): Promise<Device> => {
       let view: WorkerApi.AssignmentView | null
       const askedAt = Date.now()
       try {
+        // No claim before the fleet key is known: whatever the device scans can be redacted.
+        await redactor.ready()
         view = await client.claim(slot)
         backoff = 0
       } catch (e) {
