@@ -149,6 +149,19 @@ CREATE TABLE durations (
   at bigint NOT NULL
 );
 
+CREATE TABLE finding_cursors (
+  subscriber text NOT NULL,
+  seq bigint NOT NULL
+);
+
+CREATE TABLE finding_dead_letters (
+  subscriber text NOT NULL,
+  seq bigint NOT NULL,
+  attempts integer NOT NULL,
+  last_error text NOT NULL,
+  at bigint NOT NULL
+);
+
 CREATE TABLE finding_events (
   finding_id bigint NOT NULL,
   reservation_id bigint NOT NULL,
@@ -248,6 +261,8 @@ ALTER TABLE devices ADD CONSTRAINT devices_pkey PRIMARY KEY (id);
 ALTER TABLE devices ADD CONSTRAINT devices_slots_check CHECK ((slots >= 0));
 ALTER TABLE duration_rollups ADD CONSTRAINT duration_rollups_pkey PRIMARY KEY (span, source, metric, outcome, start, chunk);
 ALTER TABLE durations ADD CONSTRAINT durations_pkey PRIMARY KEY (id);
+ALTER TABLE finding_cursors ADD CONSTRAINT finding_cursors_pkey PRIMARY KEY (subscriber);
+ALTER TABLE finding_dead_letters ADD CONSTRAINT finding_dead_letters_pkey PRIMARY KEY (subscriber, seq);
 ALTER TABLE finding_events ADD CONSTRAINT finding_events_finding_id_fkey FOREIGN KEY (finding_id) REFERENCES findings(id);
 ALTER TABLE finding_events ADD CONSTRAINT finding_events_pkey PRIMARY KEY (finding_id, reservation_id);
 ALTER TABLE finding_outbox ADD CONSTRAINT finding_outbox_pkey PRIMARY KEY (seq);
@@ -281,6 +296,8 @@ CREATE INDEX devices_token_hash_idx ON devices USING btree (token_hash) WHERE (r
 CREATE UNIQUE INDEX duration_rollups_pkey ON duration_rollups USING btree (span, source, metric, outcome, start, chunk);
 CREATE UNIQUE INDEX durations_pkey ON durations USING btree (id);
 CREATE INDEX durations_source_idx ON durations USING btree (source, metric, outcome, at) INCLUDE (ms);
+CREATE UNIQUE INDEX finding_cursors_pkey ON finding_cursors USING btree (subscriber);
+CREATE UNIQUE INDEX finding_dead_letters_pkey ON finding_dead_letters USING btree (subscriber, seq);
 CREATE UNIQUE INDEX finding_events_pkey ON finding_events USING btree (finding_id, reservation_id);
 CREATE UNIQUE INDEX finding_outbox_pkey ON finding_outbox USING btree (seq);
 CREATE UNIQUE INDEX finding_scans_pkey ON finding_scans USING btree (reservation_id);

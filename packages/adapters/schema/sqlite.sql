@@ -77,6 +77,17 @@ CREATE TABLE durations (
       at BIGINT NOT NULL
     );
 
+CREATE TABLE finding_cursors (subscriber TEXT PRIMARY KEY, seq BIGINT NOT NULL);
+
+CREATE TABLE finding_dead_letters (
+      subscriber TEXT NOT NULL,
+      seq BIGINT NOT NULL,
+      attempts INTEGER NOT NULL,
+      last_error TEXT NOT NULL,
+      at BIGINT NOT NULL,
+      PRIMARY KEY (subscriber, seq)
+    );
+
 CREATE TABLE finding_events (
       finding_id BIGINT NOT NULL REFERENCES findings (id),
       reservation_id BIGINT NOT NULL,

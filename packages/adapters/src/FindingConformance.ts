@@ -1,6 +1,6 @@
 import { createHmac } from "node:crypto"
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Layer } from "effect"
+import { Chunk, Effect, Fiber, type Layer, Stream } from "effect"
 import * as fc from "effect/FastCheck"
 import { type Assignment, Config, Findings, FindingStore, Store } from "@scanfleet/core"
 
@@ -184,6 +184,39 @@ export const findingConformance = (name: string, make: MakeStores, capabilities:
         yield* s.submitResult({ deviceId: d.id, reservationId: as[0].reservationId, fence: as[0].fence, now: T0 + 2 * MIN, outcome: "findings", finalPhase: "awaiting_receipt", body: body([aws(1), aws(2)]) })
         expect((yield* f.list({ limit: 10 })).findings).toHaveLength(1)
       }))
+
+    test("subscribers keep their own position (forward only) and dead letters; a taken dead letter returns its event once", (s, f) =>
+      Effect.gen(function* () {
+        const d = yield* s.addDevice({ name: "d", slots: 1, tokenHash: "h", now: T0 })
+        yield* scan(s, d.id, "o/r", T0, [aws(1)])
+        yield* scan(s, d.id, "o/r", T0 + 10 * MIN, [aws(2)])
+        const [e1, e2] = yield* f.outbox(0, 10)
+        expect(yield* f.cursor("hook")).toBe(0)
+        yield* f.advance("hook", e2.seq)
+        yield* f.advance("hook", e1.seq)
+        expect(yield* f.cursor("hook")).toBe(e2.seq)
+        expect(yield* f.cursor("other")).toBe(0)
+        yield* f.deadLetter("hook", { seq: e1.seq, attempts: 5, lastError: "HTTP 500", at: T0 })
+        expect(yield* f.deadLetters("hook")).toEqual([{ seq: e1.seq, attempts: 5, lastError: "HTTP 500", at: T0 }])
+        expect(yield* f.deadLetters("other")).toEqual([])
+        expect(yield* f.takeDeadLetter("hook", e1.seq)).toEqual(e1)
+        expect(yield* f.takeDeadLetter("hook", e1.seq)).toBeNull()
+        expect(yield* f.deadLetters("hook")).toEqual([])
+      }))
+
+    it.live("changes: the outbox as a Stream, in order, waiting for events committed later", () =>
+      Effect.gen(function* () {
+        const s = yield* Store.Store
+        const d = yield* s.addDevice({ name: "d", slots: 1, tokenHash: "h", now: T0 })
+        yield* scan(s, d.id, "o/r", T0, [aws(1)])
+        const fiber = yield* FindingStore.changes({ pollInterval: "20 millis" }).pipe(Stream.take(3), Stream.runCollect, Effect.fork)
+        yield* scan(s, d.id, "o/r", T0 + 10 * MIN, [aws(2)])
+        yield* scan(s, d.id, "o/r", T0 + 20 * MIN, [aws(3)])
+        const got = Chunk.toReadonlyArray(yield* Fiber.join(fiber))
+        expect(got.map((e) => e.findings.filter((x) => x.change === "new").map((x) => x.path))).toEqual([["config/1.env"], ["config/2.env"], ["config/3.env"]])
+        expect(got.map((e) => e.seq)).toEqual([...got.map((e) => e.seq)].sort((a, b) => a - b))
+      }).pipe(Effect.provide(make()))
+    )
 
     const runs = capabilities.modelRuns ?? 10
     if (runs > 0)

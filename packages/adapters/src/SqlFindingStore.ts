@@ -48,6 +48,8 @@ const scan = (r: Row): Findings.Scan => ({
   resolved: Number(r.resolved_count)
 })
 
+const outboxEvent = (r: Row): Findings.OutboxEvent => ({ seq: Number(r.seq), ...(JSON.parse(String(r.payload)) as Omit<Findings.OutboxEvent, "seq">) })
+
 /**
  * Records one accepted result's findings, inside the transaction that accepts
  * the result (the caller's `sql` runs in it): relates them to the target's
@@ -188,9 +190,43 @@ export const make: Effect.Effect<FindingStore.FindingStoreShape, never, SqlClien
       mapped(
         Effect.map(
           sql<Row>`SELECT seq, payload FROM finding_outbox WHERE seq > ${Math.max(0, Math.floor(after))} ORDER BY seq LIMIT ${Math.max(0, Math.min(10_000, Math.floor(limit)))}`,
-          (rows) => rows.map((r) => ({ seq: Number(r.seq), ...(JSON.parse(String(r.payload)) as Omit<Findings.OutboxEvent, "seq">) }))
+          (rows) => rows.map(outboxEvent)
         )
-      )
+      ),
+    cursor: (subscriber) => mapped(Effect.map(sql<Row>`SELECT seq FROM finding_cursors WHERE subscriber = ${subscriber}`, (rows) => (rows.length === 0 ? 0 : Number(rows[0].seq)))),
+    advance: (subscriber, seq) =>
+      mapped(
+        Effect.asVoid(
+          sql`INSERT INTO finding_cursors (subscriber, seq) VALUES (${subscriber}, ${seq})
+            ON CONFLICT (subscriber) DO UPDATE SET seq = ${sql.literal(isPg ? "GREATEST" : "MAX")}(finding_cursors.seq, excluded.seq)`
+        )
+      ),
+    deadLetter: (subscriber, l) =>
+      mapped(
+        Effect.asVoid(
+          sql`INSERT INTO finding_dead_letters (subscriber, seq, attempts, last_error, at) VALUES (${subscriber}, ${l.seq}, ${l.attempts}, ${l.lastError.slice(0, 2000)}, ${l.at})
+            ON CONFLICT (subscriber, seq) DO UPDATE SET attempts = excluded.attempts, last_error = excluded.last_error, at = excluded.at`
+        )
+      ),
+    deadLetters: (subscriber) =>
+      mapped(
+        Effect.map(sql<Row>`SELECT * FROM finding_dead_letters WHERE subscriber = ${subscriber} ORDER BY seq`, (rows) =>
+          rows.map((r) => ({ seq: Number(r.seq), attempts: Number(r.attempts), lastError: String(r.last_error), at: Number(r.at) }))
+        )
+      ),
+    takeDeadLetter: (subscriber, seq) =>
+      Number.isSafeInteger(seq)
+        ? mapped(
+            sql.withTransaction(
+              Effect.gen(function* () {
+                const gone = yield* sql<Row>`DELETE FROM finding_dead_letters WHERE subscriber = ${subscriber} AND seq = ${seq} RETURNING seq`
+                if (gone.length === 0) return null
+                const rows = yield* sql<Row>`SELECT seq, payload FROM finding_outbox WHERE seq = ${seq}`
+                return rows.length === 0 ? null : outboxEvent(rows[0])
+              })
+            )
+          )
+        : Effect.succeed(null)
   }
 })
 

@@ -1,4 +1,4 @@
-import { Context, Effect, Layer } from "effect"
+import { Chunk, Context, type Duration, Effect, Layer, Option, Stream } from "effect"
 import type { Outcome } from "./Assignment.js"
 import { NotFound, type StoreError } from "./Errors.js"
 import * as Findings from "./Findings.js"
@@ -29,8 +29,26 @@ export class FindingStore extends Context.Tag("@scanfleet/core/FindingStore")<
     readonly scan: (reservationId: number) => Effect.Effect<Findings.Scan | null, StoreError>
     /** Outbox events after a position, in order; at most `limit`. */
     readonly outbox: (after: number, limit: number) => Effect.Effect<ReadonlyArray<Findings.OutboxEvent>, StoreError>
+    /** A subscriber's position in the outbox: everything up to it was delivered or dead-lettered (0 at first). */
+    readonly cursor: (subscriber: string) => Effect.Effect<number, StoreError>
+    /** Moves a subscriber's position forward (never back). */
+    readonly advance: (subscriber: string, seq: number) => Effect.Effect<void, StoreError>
+    /** Records an event that exhausted its tries for a subscriber. */
+    readonly deadLetter: (subscriber: string, letter: DeadLetter) => Effect.Effect<void, StoreError>
+    /** A subscriber's dead letters, oldest event first. */
+    readonly deadLetters: (subscriber: string) => Effect.Effect<ReadonlyArray<DeadLetter>, StoreError>
+    /** Removes one dead letter and returns its event, for redelivery; null when there is no such letter. */
+    readonly takeDeadLetter: (subscriber: string, seq: number) => Effect.Effect<Findings.OutboxEvent | null, StoreError>
   }
 >() {}
+
+/** An outbox event a subscriber could not take within its tries. */
+export interface DeadLetter {
+  readonly seq: number
+  readonly attempts: number
+  readonly lastError: string
+  readonly at: number
+}
 
 /** The shape of a FindingStore implementation. */
 export type FindingStoreShape = Context.Tag.Service<FindingStore>
@@ -59,6 +77,8 @@ export const makeMemory = (): Memory => {
   const events: Array<Findings.Event> = []
   const scans: Array<Findings.Scan> = []
   const outbox: Array<Findings.OutboxEvent> = []
+  const cursors = new Map<string, number>()
+  const dead = new Map<string, Map<number, DeadLetter>>()
   const record = (input: ScanInput) => {
     if (!Findings.relates(input.outcome) || scans.some((s) => s.reservationId === input.reservationId)) return
     const accepted = Findings.fromBody(input.body)
@@ -133,7 +153,22 @@ export const makeMemory = (): Memory => {
         return Effect.succeed({ findings: mine, events: events.filter((e) => ids.has(e.findingId)), scans: theirScans })
       }),
     scan: (reservationId) => Effect.sync(() => scans.find((s) => s.reservationId === reservationId) ?? null),
-    outbox: (after, limit) => Effect.sync(() => outbox.filter((e) => e.seq > after).slice(0, Math.max(0, Math.floor(limit))))
+    outbox: (after, limit) => Effect.sync(() => outbox.filter((e) => e.seq > after).slice(0, Math.max(0, Math.floor(limit)))),
+    cursor: (subscriber) => Effect.sync(() => cursors.get(subscriber) ?? 0),
+    advance: (subscriber, seq) => Effect.sync(() => void cursors.set(subscriber, Math.max(cursors.get(subscriber) ?? 0, seq))),
+    deadLetter: (subscriber, letter) =>
+      Effect.sync(() => {
+        const mine = dead.get(subscriber) ?? new Map<number, DeadLetter>()
+        mine.set(letter.seq, letter)
+        dead.set(subscriber, mine)
+      }),
+    deadLetters: (subscriber) => Effect.sync(() => [...(dead.get(subscriber)?.values() ?? [])].sort((a, b) => a.seq - b.seq)),
+    takeDeadLetter: (subscriber, seq) =>
+      Effect.sync(() => {
+        const mine = dead.get(subscriber)
+        if (mine === undefined || !mine.delete(seq)) return null
+        return outbox.find((e) => e.seq === seq) ?? null
+      })
   }
 }
 
@@ -164,3 +199,25 @@ export const layerMemory: Layer.Layer<Store | FindingStore> = Layer.effectContex
     return Context.make(Store, store).pipe(Context.add(FindingStore, memory))
   })
 )
+
+/**
+ * The outbox as an endless Stream: every event after `after`, in order, then
+ * each new one as result acceptance commits it (polled every `pollInterval`,
+ * default 1 second). For an embedding application; pair it with `cursor` and
+ * `advance` to resume where it stopped. `Stream.toAsyncIterable` gives an async iterator.
+ *
+ * @example
+ * yield* FindingStore.changes({ after: 0 }).pipe(Stream.take(10), Stream.runForEach((e) => Effect.log(e.scan)))
+ */
+export const changes = (opts: { readonly after?: number; readonly pollInterval?: Duration.DurationInput; readonly batch?: number } = {}): Stream.Stream<Findings.OutboxEvent, StoreError, FindingStore> =>
+  Stream.unwrap(
+    Effect.map(FindingStore, (f) =>
+      Stream.unfoldChunkEffect(opts.after ?? 0, (pos) =>
+        Effect.flatMap(f.outbox(pos, opts.batch ?? 100), (evs) =>
+          evs.length === 0
+            ? Effect.as(Effect.sleep(opts.pollInterval ?? "1 second"), Option.some([Chunk.empty<Findings.OutboxEvent>(), pos] as const))
+            : Effect.succeed(Option.some([Chunk.fromIterable(evs), evs[evs.length - 1].seq] as const))
+        )
+      )
+    )
+  )

@@ -7,6 +7,7 @@ import * as Auth from "./Auth.js"
 import * as FindingIntake from "./FindingIntake.js"
 import * as Request from "./internal/Request.js"
 import { Settings } from "./ServerConfig.js"
+import * as Webhooks from "./Webhooks.js"
 
 const ok = (body: unknown, status = 200) => HttpServerResponse.unsafeJson(body, { status })
 
@@ -95,11 +96,36 @@ const fleetKey = Effect.gen(function* () {
   return ok(FindingIntake.fleetKey(settings) satisfies z.infer<typeof FindingsApi.FleetKey>)
 })
 
+const webhook = Effect.flatMap(Effect.serviceOption(Webhooks.Webhook), (o) =>
+  Option.match(o, {
+    onNone: () => Effect.fail(new ApiError({ status: 501, error: "webhook_unconfigured", message: "no webhook is configured (set webhookUrl and webhookSecret)" })),
+    onSome: Effect.succeed
+  })
+)
+
+/** GET /v1/admin/findings/webhook/dead-letters */
+const deadLetters = Effect.gen(function* () {
+  yield* Auth.admin({ cookie: false })
+  const w = yield* webhook
+  return ok({ subscriber: Webhooks.subscriber, deadLetters: [...(yield* Effect.mapError(w.deadLetters, fromStoreError))] })
+})
+
+/** POST /v1/admin/findings/webhook/dead-letters/:seq/redeliver */
+const redeliver = Effect.gen(function* () {
+  yield* Auth.admin({ cookie: false })
+  const seq = yield* Request.idParam("seq")
+  const w = yield* webhook
+  if (!(yield* Effect.mapError(w.redeliver(seq), fromStoreError))) return yield* Effect.fail(new ApiError({ status: 404, error: "not_found", message: `no dead letter at outbox position ${seq}` }))
+  return ok({ redelivering: seq }, 202)
+})
+
 /** The findings routes: admin reads and exports, and the device's fleet key. */
 export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Settings> = HttpRouter.empty.pipe(
   HttpRouter.get("/v1/admin/findings", list),
   HttpRouter.get("/v1/admin/findings/target", target),
   HttpRouter.get("/v1/admin/findings/export", exportRoute),
   HttpRouter.get("/v1/admin/findings/scans/:id", scan),
+  HttpRouter.get("/v1/admin/findings/webhook/dead-letters", deadLetters),
+  HttpRouter.post("/v1/admin/findings/webhook/dead-letters/:seq/redeliver", redeliver),
   HttpRouter.get("/v1/device/fleet-key", fleetKey)
 )

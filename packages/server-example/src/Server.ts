@@ -12,6 +12,7 @@ import * as Metrics from "./Metrics.js"
 import { type ServerConfig, Settings } from "./ServerConfig.js"
 import * as Url from "./internal/Url.js"
 import * as Sweeper from "./Sweeper.js"
+import * as Webhooks from "./Webhooks.js"
 import * as WorkerRoutes from "./WorkerRoutes.js"
 
 /** Where a running server listens. */
@@ -142,7 +143,7 @@ export const layer = (config: ServerConfig): Layer.Layer<Info | Metrics.Metrics 
     )
   )
   const serve = HttpServer.serve(app, accessLog)
-  const running = Layer.mergeAll(serve, info).pipe(Layer.provide(listener), Layer.provide(drain))
+  const running = Layer.mergeAll(serve, info).pipe(Layer.provide(listener), Layer.provide(drain), Layer.provide(Webhooks.layer(config)))
   return Layer.mergeAll(running, Sweeper.layer(config.sweepIntervalMs)).pipe(
     Layer.provideMerge(Layer.succeed(Settings, config)),
     Layer.provideMerge(Metrics.layer),

@@ -7,7 +7,8 @@ import { Effect } from "effect"
  * their summaries; the changes in each finding's life; and the outbox that
  * result acceptance writes in the result's transaction. No secret value is in
  * any of them: fingerprints are keyed HMACs, `sealed` is ciphertext under a key
- * the database never holds.
+ * the database never holds. Webhook subscribers keep their outbox position and
+ * dead letters here.
  */
 export default Effect.gen(function* () {
   const sql = yield* SqlClient.SqlClient
@@ -65,5 +66,16 @@ export default Effect.gen(function* () {
       target_id BIGINT NOT NULL,
       at BIGINT NOT NULL,
       payload TEXT NOT NULL
+    )`
+  // webhook delivery: each subscriber's position in the outbox, and what exhausted its tries
+  yield* sql`CREATE TABLE finding_cursors (subscriber TEXT PRIMARY KEY, seq BIGINT NOT NULL)`
+  yield* sql`
+    CREATE TABLE finding_dead_letters (
+      subscriber TEXT NOT NULL,
+      seq BIGINT NOT NULL,
+      attempts INTEGER NOT NULL,
+      last_error TEXT NOT NULL,
+      at BIGINT NOT NULL,
+      PRIMARY KEY (subscriber, seq)
     )`
 })
