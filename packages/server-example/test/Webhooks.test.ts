@@ -1,7 +1,6 @@
-import { createHmac } from "node:crypto"
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http"
 import type { AddressInfo, Socket } from "node:net"
-import { Config, FindingStore, Findings, Store } from "@scanfleet/core"
+import { FindingStore, type Findings } from "@scanfleet/core"
 import { Effect, Layer, ManagedRuntime } from "effect"
 import { afterAll, describe, expect, it } from "vitest"
 import * as Database from "../src/Database.js"
@@ -10,6 +9,7 @@ import * as ServerConfig from "../src/ServerConfig.js"
 import * as Webhooks from "../src/Webhooks.js"
 import { sqliteFile } from "./fixtures/Databases.js"
 import { adminToken, call } from "./fixtures/Harness.js"
+import { scan } from "./fixtures/Scans.js"
 
 const secret = "webhook-signing-secret-0123456789"
 const db = sqliteFile()
@@ -72,22 +72,6 @@ const receiver = async () => {
     close: () => new Promise<void>((r) => (sockets.forEach((c) => c.destroy()), server.close(() => r())))
   }
 }
-
-const fp = (s: string) => `${Findings.fingerprintPrefix}${createHmac("sha256", "k").update(s).digest("hex")}`
-const bodyOf = (secrets: ReadonlyArray<string>) =>
-  JSON.stringify({ findings: secrets.map((s) => Findings.Accepted.parse({ scanner: "gitleaks", detector: "generic", path: `${s}.txt`, fingerprint: fp(s), preview: Findings.preview(s) })), log: "" })
-
-/** Scans a target with the given secrets through the store (new, or promoted after a newer remote time). */
-const scan = (identity: string, secrets: ReadonlyArray<string>, at: number) =>
-  Effect.gen(function* () {
-    const s = yield* Store.Store
-    const d = (yield* s.listAssignments({ limit: 1 })).length === 0 ? yield* s.addDevice({ name: "w", slots: 1, tokenHash: "wh", now: at }) : yield* Effect.map(s.deviceByTokenHash("wh"), (x) => x!)
-    yield* s.recordObservations([{ source: "github", identity, remoteAt: at - 1000 }], at)
-    yield* s.promote("github", { budget: 10, cooldownMs: 0 }, at)
-    const a = yield* s.claim({ deviceId: d.id, slot: 0, now: at, config: Config.defaults })
-    if (a === null) return yield* Effect.dieMessage("nothing pending")
-    yield* s.submitResult({ deviceId: d.id, reservationId: a.reservationId, fence: a.fence, now: at + 10, outcome: secrets.length > 0 ? "findings" : "clean", finalPhase: "awaiting_receipt", body: bodyOf(secrets) })
-  })
 
 const until = async (what: string, ok: () => boolean | Promise<boolean>, ms = 30_000) => {
   const end = Date.now() + ms
