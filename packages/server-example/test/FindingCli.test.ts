@@ -24,6 +24,7 @@ const run = async (...argv: Array<string>) => {
   }
 }
 
+// The commands docs/findings.md shows (findings list, target, export), run in-process against a SQLite file.
 describe("scanfleet-server findings (list, target, export)", () => {
   beforeAll(async () => {
     const t = Date.now()

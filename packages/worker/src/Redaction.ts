@@ -24,6 +24,24 @@ export const fieldMapOf = (spec: Scanner.ParsedSpec): Findings.FieldMap => {
 export const fingerprint = (fleetKeyHex: string, value: string): string =>
   `${Findings.fingerprintPrefix}${createHmac("sha256", Buffer.from(fleetKeyHex, "hex")).update(value, "utf8").digest("hex")}`
 
+/**
+ * The secret in a field's value: the value itself when it is a string; in an
+ * object (secretlint's `data`, `{ TOKEN: "…" }`) its longest string, so the
+ * same token fingerprints alike whichever scanner reported it; else its
+ * canonical JSON.
+ */
+export const secretValue = (v: unknown): string => {
+  if (typeof v === "string") return v
+  const strings: Array<string> = []
+  const walk = (x: unknown, depth: number) => {
+    if (depth > 8) return
+    if (typeof x === "string") strings.push(x)
+    else if (x !== null && typeof x === "object") for (const y of Object.values(x)) walk(y, depth + 1)
+  }
+  walk(v, 0)
+  return strings.length === 0 ? Findings.canonical(v) : strings.reduce((a, b) => (b.length > a.length ? b : a))
+}
+
 /** Redaction options. */
 export interface Options {
   /** Upload the clear values too, for a server configured with a raw-upload key (default false). */
@@ -62,7 +80,7 @@ export const redact = (fleetKeyHex: string, scanner: string, map: Findings.Field
   const commitValue = Findings.at(finding, map.commit)
   const verifiedValue = Findings.at(finding, map.verified)
   // Without a secret value the finding is identified by where it is.
-  const secret = from !== undefined ? Findings.canonical(from) : `${detector}\u0000${path}\u0000${line ?? ""}`
+  const secret = from !== undefined ? secretValue(from) : `${detector}\u0000${path}\u0000${line ?? ""}`
   return {
     scanner,
     detector,
