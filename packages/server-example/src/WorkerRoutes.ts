@@ -78,8 +78,10 @@ const result = Effect.gen(function* () {
   const device = yield* Auth.device
   const id = yield* Request.idParam("id")
   const req = yield* Request.body(WorkerApi.ResultRequest, WorkerApi.maxResultBytes)
-  yield* owned(id, device.id)
-  const findings = yield* FindingIntake.accept(req.findings, yield* Settings)
+  const a = yield* owned(id, device.id)
+  // Findings are checked for what will be stored: a result the store refuses or answers with its first
+  // receipt (another fence, an ended reservation) stores no body, and its authority is judged first.
+  const findings = a.state === "active" && a.fence === req.fence ? yield* FindingIntake.accept(req.findings, yield* Settings) : []
   const store = yield* Store.Store
   const now = yield* Clock.currentTimeMillis
   const receipt = yield* store
