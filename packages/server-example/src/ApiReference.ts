@@ -33,6 +33,7 @@ export const worker: ReadonlyArray<Endpoint> = [
     summary:
       "A starting worker reports the containment level in force for its scan stages (`pid-namespace`, `cgroup-v2`, `cgroup-v1-freezer` or `freeze-kill`, in the worker's words); the server keeps it on the device and answers with its fleet id, which every assignment also carries, so the worker delivers its journal only to the fleet that issued it.",
     body: WorkerApi.RegisterRequest,
+    example: { containment: "pid-namespace" },
     response: { status: 200, schema: WorkerApi.Registered },
     errors: ["404 the device was revoked meanwhile"]
   },

@@ -504,7 +504,7 @@ export const seal = (plan: Plan): Seal => {
       while (left.length > 0 && Date.now() < until) {
         // A member that appeared after the kill (the fallback's race) is killed on sight.
         if (level === "freeze-kill") for (const p of left) signal(p, "SIGKILL")
-        await new Promise((r) => setTimeout(r, 10))
+        await sleep(20)
         left = members()
       }
       return left
@@ -514,6 +514,37 @@ export const seal = (plan: Plan): Seal => {
     }
   }
 }
+
+/**
+ * Empties and removes the unit cgroups a dead controller left behind (unit
+ * cgroups are named after their controller's pid: `u<pid>-<tag>`). A unit
+ * empties its own cgroup when its controller dies; this catches the case
+ * where the unit died with it. Returns how many processes were killed.
+ */
+export const reclaim = (plan: Plan): Effect.Effect<number> =>
+  Effect.promise(async () => {
+    let killed = 0
+    for (const level of ["cgroup-v2", "cgroup-v1-freezer"] as const) {
+      const base = plan.cgroupDirs[level]
+      if (base === null) continue
+      let names: Array<string> = []
+      try {
+        names = readdirSync(base)
+      } catch {
+        continue
+      }
+      for (const name of names) {
+        const m = /^u(\d+)-[0-9a-f]{8}$/.exec(name)
+        if (m === null || Number(m[1]) === process.pid || ProcessTree.isAlive(Number(m[1]))) continue
+        const dir = join(base, name)
+        killed += pidsIn(dir).length
+        if (level === "cgroup-v2") killCgroupV2(dir)
+        else await killCgroupV1(dir, new Set())
+        await removeCgroup(dir)
+      }
+    }
+    return killed
+  })
 
 /**
  * Called by the unit when its controller is gone: empties the unit's box

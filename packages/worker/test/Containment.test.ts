@@ -1,6 +1,6 @@
 import { Effect } from "effect"
 import { spawn } from "node:child_process"
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs"
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
@@ -30,7 +30,7 @@ const GRACE = 300
 /** The Supervisor's default SIGTERM grace: scanners that act on SIGTERM get it, so they act. */
 const DEFAULT_GRACE = 2000
 /** Long enough for a unit, its scanner and their children to be running on a loaded 2-core machine. */
-const DEADLINE = 6000
+const DEADLINE = 8000
 let n = 0
 
 /** Waits until `ok()` holds or `by` (epoch ms) passes; says which. */
@@ -181,7 +181,7 @@ describe.each(plan.available)("containment %s", (level) => {
     expect(eb.kind).toBe("staged")
     // b could only start once a's box was empty and its permit back.
     expect(eb.settledAt).toBeGreaterThan(ea.settledAt)
-    const starved = supervise(level, node("hold"), { deadlineMs: 2000, permits: Permits.make(0), args: [Unit.adversary("hold-stdout"), join(dir, `never-${level}.pids`)] })
+    const starved = supervise(level, node("hold"), { deadlineMs: DEADLINE, permits: Permits.make(0), args: [Unit.adversary("hold-stdout"), join(dir, `never-${level}.pids`)] })
     const es = await starved.end
     expect(es.kind).toBe("deadline")
     if (es.kind !== "deadline") return
@@ -249,6 +249,26 @@ describe.each(plan.available)("a device sealing its units with %s", (level) => {
       await device?.stop()
       await fleet.close()
     }
+  })
+})
+
+describe.each(["cgroup-v2", "cgroup-v1-freezer"] as const)("a unit cgroup left by a dead controller (%s)", (level) => {
+  it("is emptied and removed when the next controller reclaims", async () => {
+    const base = plan.cgroupDirs[level]
+    expect(base).not.toBeNull()
+    // A pid that belonged to a controller that is gone.
+    const gone = spawn("true")
+    await new Promise((r) => gone.once("exit", r))
+    const cgroup = join(base!, `u${gone.pid}-deadbeef`)
+    mkdirSync(cgroup, { recursive: true })
+    const orphan = spawn("sleep", ["60"], { stdio: "ignore", detached: true })
+    const exited = new Promise((r) => orphan.once("exit", r))
+    writeFileSync(join(cgroup, "cgroup.procs"), String(orphan.pid))
+    expect(ProcessTree.isAlive(orphan.pid!)).toBe(true)
+    const reclaimPlan = Effect.runSync(Containment.withLevel(plan, level))
+    expect(await Effect.runPromise(Containment.reclaim(reclaimPlan))).toBeGreaterThanOrEqual(1)
+    await exited
+    expect(existsSync(cgroup)).toBe(false)
   })
 })
 

@@ -91,7 +91,7 @@ describe("the scan-stage watchdog", () => {
 
   it("a permit never granted ends in permit_wait and the scanner never starts", async () => {
     const marker = join(dir, "permit.pids")
-    const u = supervise(command("marker"), { deadlineMs: 2500, permits: 0, args: [Unit.adversary("hold-stdout"), marker] })
+    const u = supervise(command("marker"), { deadlineMs: 6000, permits: 0, args: [Unit.adversary("hold-stdout"), marker] })
     const end = await u.end
     expect(end.kind).toBe("deadline")
     if (end.kind !== "deadline") return
