@@ -26,7 +26,7 @@ findingsSuite(
     layer: () => Database.layer(db.url),
     // Postgres compresses long values; stored uncompressed, a planted value would show in the data files
     prepare: async () => {
-      for (const [table, column] of [["results", "body"], ["findings", "details"], ["findings", "sealed"], ["finding_outbox", "payload"]])
+      for (const [table, column] of [["assignments", "result_body"], ["findings", "details"], ["findings", "sealed"], ["finding_outbox", "payload"]])
         await query(db.url, `ALTER TABLE ${table} ALTER COLUMN ${column} SET STORAGE EXTERNAL`)
     },
     // every file of the cluster (heap, indexes, TOAST, pg_wal) after a checkpoint wrote the buffers out
