@@ -130,6 +130,11 @@ describe("npm start: the demo fleet", () => {
       const pids = new Set<number>()
       const collect = () => descendants(pid).forEach((p) => pids.add(p))
 
+      // Real content: the workers clone the fake sources' git repositories and secretlint scans them.
+      interface FindingRow { id: number; identity: string; detector: string; path: string; status: string; preview: string; fingerprint: string }
+      await until("a first real finding", 60_000, async () => (await api<{ findings: Array<FindingRow> }>("/v1/admin/findings?limit=10")).findings.length > 0)
+      expect(Date.now() - started, "real findings within 60 s of npm start").toBeLessThan(60_000)
+
       const seen = await until("discovery, scans, an updated rescan and a timeout", 90_000, async () => {
         collect()
         const summary = await api<Summary>("/v1/admin/summary")
@@ -146,6 +151,15 @@ describe("npm start: the demo fleet", () => {
         if (summary.targets.queuedNew === 0 || summary.assignments.completed === 0 || !updatedCycle || !timedOut || !rescanned) return null
         return { summary, updatedCycle, timedOut, rescanned, byTarget }
       })
+
+      // The pushed repository's rescan: the commit added one fake credential and removed another.
+      const api2 = await until("the pushed repository rescanned: one finding new, one resolved, one still present", 60_000, async () => {
+        const t = await api<{ findings: Array<FindingRow>; scans: Array<{ new: number; present: number; resolved: number }> }>("/v1/admin/findings/target?source=github&identity=acme%2Fapi")
+        return t.scans.length >= 2 ? t : null
+      })
+      expect(api2.scans.map((x) => [x.new, x.present, x.resolved])).toEqual([[2, 0, 0], [1, 1, 1]])
+      expect(Object.fromEntries(api2.findings.map((f) => [f.path, f.status]))).toEqual({ "config/chat.env": "resolved", "config/deploy.env": "open", "ci/.npmrc": "new" })
+      expect(api2.findings.every((f) => f.detector.startsWith("@secretlint/") && f.fingerprint.startsWith("hmac-sha256:") && !f.preview.includes("FAKEdemo"))).toBe(true)
 
       // Discovered and completed.
       expect(seen.summary.targets.queuedNew).toBeGreaterThan(0)
@@ -190,6 +204,14 @@ describe("npm start: the demo fleet", () => {
             expect(shown.timedOut).toBeGreaterThan(0)
             return true
           })
+          // The findings panel: the same counts as the API, and the pushed repository's resolved credential.
+          await page.goto(`${url.origin}/`)
+          const byStatus = async (status: string) => (await api<{ findings: Array<FindingRow> }>(`/v1/admin/findings?status=${status}&limit=1000`)).findings
+          expect(Number(await page.getByTestId("findings-resolved").innerText())).toBe((await byStatus("resolved")).length)
+          expect(Number(await page.getByTestId("findings-new").innerText())).toBe((await byStatus("new")).length)
+          const resolvedRow = api2.findings.find((f) => f.path === "config/chat.env")!
+          expect(await page.getByTestId(`finding-${resolvedRow.id}-status`).innerText()).toBe("resolved")
+          expect(await page.getByTestId(`finding-${resolvedRow.id}-target`).innerText()).toBe("github:acme/api")
           // The cycle that promoted the changed target, with its count, as the API has it.
           expect(Number(await page.getByTestId(`cycle-${seen.updatedCycle.id}-queued-updated`).innerText())).toBe(seen.updatedCycle.queuedUpdatedCount)
         } finally {

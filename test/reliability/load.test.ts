@@ -84,7 +84,7 @@ describe(`load: ${deviceCount} simulated devices against two server processes on
             expect(r.status, r.text).toBe(200)
             counts.released++
           } else {
-            const body = { fence: a.fence, outcome: roll % 3 === 0 ? "findings" : "clean", finalPhase: phases[n - 1], findings: roll % 3 === 0 ? [{ rule: "r", line: roll }] : [], log: "" }
+            const body = { fence: a.fence, outcome: roll % 3 === 0 ? "findings" : "clean", finalPhase: phases[n - 1], findings: roll % 3 === 0 ? [{ scanner: "load", detector: "r", path: "f", line: roll, fingerprint: `hmac-sha256:${"0".repeat(64)}`, preview: "" }] : [], log: "" }
             const r = await timed(url, d.token, "POST", `/v1/assignments/${a.reservationId}/result`, body)
             expect(r.status, r.text).toBe(200)
             // A retry through the other server returns the same receipt.

@@ -178,6 +178,68 @@ CREATE TABLE durations (
   at bigint NOT NULL
 );
 
+CREATE TABLE finding_cursors (
+  subscriber text NOT NULL,
+  seq bigint NOT NULL
+);
+
+CREATE TABLE finding_dead_letters (
+  subscriber text NOT NULL,
+  seq bigint NOT NULL,
+  attempts integer NOT NULL,
+  last_error text NOT NULL,
+  at bigint NOT NULL
+);
+
+CREATE TABLE finding_events (
+  finding_id bigint NOT NULL,
+  reservation_id bigint NOT NULL,
+  kind text NOT NULL,
+  revision text,
+  at bigint NOT NULL
+);
+
+CREATE TABLE finding_outbox (
+  seq bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+  target_id bigint NOT NULL,
+  at bigint NOT NULL,
+  payload text NOT NULL
+);
+
+CREATE TABLE finding_scans (
+  reservation_id bigint NOT NULL,
+  target_id bigint NOT NULL,
+  source text NOT NULL,
+  identity text NOT NULL,
+  revision text,
+  at bigint NOT NULL,
+  new_count integer NOT NULL,
+  present_count integer NOT NULL,
+  resolved_count integer NOT NULL
+);
+
+CREATE TABLE findings (
+  id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+  target_id bigint NOT NULL,
+  source text NOT NULL,
+  identity text NOT NULL,
+  detector text NOT NULL,
+  path text NOT NULL,
+  line integer,
+  fingerprint text NOT NULL,
+  preview text NOT NULL,
+  verified boolean,
+  status text NOT NULL,
+  first_seen_at bigint NOT NULL,
+  last_seen_at bigint NOT NULL,
+  first_revision text,
+  last_revision text,
+  resolved_at bigint,
+  resolved_revision text,
+  details text NOT NULL,
+  sealed text
+);
+
 CREATE TABLE fleet (
   one boolean DEFAULT true NOT NULL,
   id text NOT NULL,
@@ -253,6 +315,16 @@ ALTER TABLE devices ADD CONSTRAINT devices_pkey PRIMARY KEY (id);
 ALTER TABLE devices ADD CONSTRAINT devices_slots_check CHECK ((slots >= 0));
 ALTER TABLE duration_rollups ADD CONSTRAINT duration_rollups_pkey PRIMARY KEY (span, source, metric, outcome, start, chunk);
 ALTER TABLE durations ADD CONSTRAINT durations_pkey PRIMARY KEY (id);
+ALTER TABLE finding_cursors ADD CONSTRAINT finding_cursors_pkey PRIMARY KEY (subscriber);
+ALTER TABLE finding_dead_letters ADD CONSTRAINT finding_dead_letters_pkey PRIMARY KEY (subscriber, seq);
+ALTER TABLE finding_events ADD CONSTRAINT finding_events_finding_id_fkey FOREIGN KEY (finding_id) REFERENCES findings(id);
+ALTER TABLE finding_events ADD CONSTRAINT finding_events_pkey PRIMARY KEY (finding_id, reservation_id);
+ALTER TABLE finding_outbox ADD CONSTRAINT finding_outbox_pkey PRIMARY KEY (seq);
+ALTER TABLE finding_scans ADD CONSTRAINT finding_scans_pkey PRIMARY KEY (reservation_id);
+ALTER TABLE finding_scans ADD CONSTRAINT finding_scans_target_id_fkey FOREIGN KEY (target_id) REFERENCES targets(id);
+ALTER TABLE findings ADD CONSTRAINT findings_pkey PRIMARY KEY (id);
+ALTER TABLE findings ADD CONSTRAINT findings_target_id_detector_path_fingerprint_key UNIQUE (target_id, detector, path, fingerprint);
+ALTER TABLE findings ADD CONSTRAINT findings_target_id_fkey FOREIGN KEY (target_id) REFERENCES targets(id);
 ALTER TABLE fleet ADD CONSTRAINT fleet_one_check CHECK (one);
 ALTER TABLE fleet ADD CONSTRAINT fleet_pkey PRIMARY KEY (one);
 ALTER TABLE leases ADD CONSTRAINT leases_pkey PRIMARY KEY (name);
@@ -286,6 +358,16 @@ CREATE INDEX devices_token_hash_idx ON devices USING btree (token_hash) WHERE (r
 CREATE UNIQUE INDEX duration_rollups_pkey ON duration_rollups USING btree (span, source, metric, outcome, start, chunk);
 CREATE UNIQUE INDEX durations_pkey ON durations USING btree (id);
 CREATE INDEX durations_source_idx ON durations USING btree (source, metric, outcome, at) INCLUDE (ms);
+CREATE UNIQUE INDEX finding_cursors_pkey ON finding_cursors USING btree (subscriber);
+CREATE UNIQUE INDEX finding_dead_letters_pkey ON finding_dead_letters USING btree (subscriber, seq);
+CREATE UNIQUE INDEX finding_events_pkey ON finding_events USING btree (finding_id, reservation_id);
+CREATE UNIQUE INDEX finding_outbox_pkey ON finding_outbox USING btree (seq);
+CREATE UNIQUE INDEX finding_scans_pkey ON finding_scans USING btree (reservation_id);
+CREATE INDEX finding_scans_target_idx ON finding_scans USING btree (target_id, reservation_id);
+CREATE INDEX findings_identity_idx ON findings USING btree (source, identity, id);
+CREATE UNIQUE INDEX findings_pkey ON findings USING btree (id);
+CREATE INDEX findings_source_idx ON findings USING btree (source, status, id);
+CREATE UNIQUE INDEX findings_target_id_detector_path_fingerprint_key ON findings USING btree (target_id, detector, path, fingerprint);
 CREATE UNIQUE INDEX fleet_pkey ON fleet USING btree (one);
 CREATE UNIQUE INDEX leases_pkey ON leases USING btree (name);
 CREATE UNIQUE INDEX progress_events_pkey ON progress_events USING btree (reservation_id, seq);

@@ -99,6 +99,68 @@ CREATE TABLE durations (
       at BIGINT NOT NULL
     );
 
+CREATE TABLE finding_cursors (subscriber TEXT PRIMARY KEY, seq BIGINT NOT NULL);
+
+CREATE TABLE finding_dead_letters (
+      subscriber TEXT NOT NULL,
+      seq BIGINT NOT NULL,
+      attempts INTEGER NOT NULL,
+      last_error TEXT NOT NULL,
+      at BIGINT NOT NULL,
+      PRIMARY KEY (subscriber, seq)
+    );
+
+CREATE TABLE finding_events (
+      finding_id BIGINT NOT NULL REFERENCES findings (id),
+      reservation_id BIGINT NOT NULL,
+      kind TEXT NOT NULL,
+      revision TEXT,
+      at BIGINT NOT NULL,
+      PRIMARY KEY (finding_id, reservation_id)
+    );
+
+CREATE TABLE finding_outbox (
+      seq INTEGER PRIMARY KEY AUTOINCREMENT,
+      target_id BIGINT NOT NULL,
+      at BIGINT NOT NULL,
+      payload TEXT NOT NULL
+    );
+
+CREATE TABLE finding_scans (
+      reservation_id BIGINT PRIMARY KEY,
+      target_id BIGINT NOT NULL REFERENCES targets (id),
+      source TEXT NOT NULL,
+      identity TEXT NOT NULL,
+      revision TEXT,
+      at BIGINT NOT NULL,
+      new_count INTEGER NOT NULL,
+      present_count INTEGER NOT NULL,
+      resolved_count INTEGER NOT NULL
+    );
+
+CREATE TABLE findings (
+      id INTEGER PRIMARY KEY,
+      target_id BIGINT NOT NULL REFERENCES targets (id),
+      source TEXT NOT NULL,
+      identity TEXT NOT NULL,
+      detector TEXT NOT NULL,
+      path TEXT NOT NULL,
+      line INTEGER,
+      fingerprint TEXT NOT NULL,
+      preview TEXT NOT NULL,
+      verified INTEGER,
+      status TEXT NOT NULL,
+      first_seen_at BIGINT NOT NULL,
+      last_seen_at BIGINT NOT NULL,
+      first_revision TEXT,
+      last_revision TEXT,
+      resolved_at BIGINT,
+      resolved_revision TEXT,
+      details TEXT NOT NULL,
+      sealed TEXT,
+      UNIQUE (target_id, detector, path, fingerprint)
+    );
+
 CREATE TABLE fleet (
       one INTEGER PRIMARY KEY DEFAULT 1 CHECK (one = 1),
       id TEXT NOT NULL,
@@ -135,6 +197,8 @@ CREATE TABLE source_pauses (
       paused_by TEXT NOT NULL,
       reason TEXT NOT NULL
     );
+
+CREATE TABLE sqlite_sequence(name,seq);
 
 CREATE TABLE target_retries (
       target_id BIGINT PRIMARY KEY REFERENCES targets (id),
@@ -195,6 +259,12 @@ CREATE TRIGGER durations_rollup AFTER INSERT ON durations
 CREATE INDEX durations_source_idx ON durations (source, metric, outcome, at);
 
 CREATE INDEX durations_window_idx ON durations (at);
+
+CREATE INDEX finding_scans_target_idx ON finding_scans (target_id, reservation_id);
+
+CREATE INDEX findings_identity_idx ON findings (source, identity, id);
+
+CREATE INDEX findings_source_idx ON findings (source, status, id);
 
 CREATE INDEX targets_failed_idx ON targets (source, id) WHERE status IN ('failed', 'unresolved');
 

@@ -1206,3 +1206,6 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
     })
   })
 
+
+/** The conformance suite of the findings port, beside the Store's. */
+export { findingConformance, type FindingCapabilities, type MakeStores } from "./FindingConformance.js"

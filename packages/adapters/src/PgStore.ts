@@ -3,7 +3,8 @@ import type { SqlClient } from "@effect/sql"
 import { SqlError } from "@effect/sql"
 import { Config, Duration, Effect, Layer, Redacted } from "effect"
 import * as Pg from "pg"
-import { Errors, type Operations, Store } from "@scanfleet/core"
+import { Errors, type FindingStore, type Operations, Store } from "@scanfleet/core"
+import * as SqlFindingStore from "./SqlFindingStore.js"
 import * as SqlOperations from "./SqlOperations.js"
 import * as Migrate from "./internal/Migrate.js"
 import { PreparingClient } from "./internal/PreparingClient.js"
@@ -100,10 +101,11 @@ export const migrate: Effect.Effect<void, Errors.StoreError, SqlClient.SqlClient
  */
 export const make: Effect.Effect<Store.StoreShape, Errors.StoreError, SqlClient.SqlClient> = Effect.zipRight(migrate, SqlStore.make)
 
-/** The Store and the operator port over an existing SqlClient (a Postgres one), migrating first. */
-export const layerFromClient: Layer.Layer<Store.Store | Operations.Operations, Errors.StoreError, SqlClient.SqlClient> = Layer.merge(
+/** The Store, the operator port and the FindingStore over an existing SqlClient (a Postgres one), migrating first. */
+export const layerFromClient: Layer.Layer<Store.Store | Operations.Operations | FindingStore.FindingStore, Errors.StoreError, SqlClient.SqlClient> = Layer.mergeAll(
   Layer.effect(Store.Store, make),
-  SqlOperations.layerFromClient
+  SqlOperations.layerFromClient,
+  SqlFindingStore.layerFromClient
 )
 
 /**
@@ -112,11 +114,11 @@ export const layerFromClient: Layer.Layer<Store.Store | Operations.Operations, E
  * @example
  * const StoreLive = PgStore.layer({ url: Redacted.make(process.env.DATABASE_URL!), maxConnections: 20 })
  */
-export const layer = (config: PgClient.PgClientConfig, options: PoolOptions = {}): Layer.Layer<Store.Store | Operations.Operations, Errors.StoreError> =>
+export const layer = (config: PgClient.PgClientConfig, options: PoolOptions = {}): Layer.Layer<Store.Store | Operations.Operations | FindingStore.FindingStore, Errors.StoreError> =>
   storeLayer(Layer.provide(layerFromClient, clientLayer(config, options)))
 
 /** The Store with connection settings read from Config (for example `Config.redacted("DATABASE_URL")`). */
-export const layerConfig = (config: Config.Config.Wrap<PgClient.PgClientConfig>, options: PoolOptions = {}): Layer.Layer<Store.Store | Operations.Operations, Errors.StoreError> =>
+export const layerConfig = (config: Config.Config.Wrap<PgClient.PgClientConfig>, options: PoolOptions = {}): Layer.Layer<Store.Store | Operations.Operations | FindingStore.FindingStore, Errors.StoreError> =>
   storeLayer(Layer.provide(
     layerFromClient,
     Layer.unwrapEffect(

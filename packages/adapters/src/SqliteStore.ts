@@ -1,7 +1,8 @@
 import * as Reactivity from "@effect/experimental/Reactivity"
 import { SqlClient, type SqlError } from "@effect/sql"
 import { Config, Context, Effect, Layer } from "effect"
-import { Errors, type Operations, Store } from "@scanfleet/core"
+import { Errors, type FindingStore, type Operations, Store } from "@scanfleet/core"
+import * as SqlFindingStore from "./SqlFindingStore.js"
 import * as SqlOperations from "./SqlOperations.js"
 import * as Migrate from "./internal/Migrate.js"
 import { storeLayer, toStoreError } from "./internal/SqlErrors.js"
@@ -33,14 +34,15 @@ export const make: Effect.Effect<Store.StoreShape, Errors.StoreError, SqlClient.
   yield* migrate
   const base = yield* SqlStore.make
   const database = yield* Database
-  const hot = yield* Effect.try({ try: () => Hot.make(database), catch: (e) => new Errors.StoreError({ reason: "internal", message: `preparing the SQLite statements: ${String(e)}`, cause: e }) })
+  const hot = yield* Effect.try({ try: () => Hot.make(database, base), catch: (e) => new Errors.StoreError({ reason: "internal", message: `preparing the SQLite statements: ${String(e)}`, cause: e }) })
   return { ...base, ...hot }
 })
 
-/** The Store and the operator port over a database opened by `clientLayer` (or its own), migrating first. */
-export const layerFromClient: Layer.Layer<Store.Store | Operations.Operations, Errors.StoreError, SqlClient.SqlClient | Database> = Layer.merge(
+/** The Store, the operator port and the FindingStore over a database opened by `clientLayer` (or its own), migrating first. */
+export const layerFromClient: Layer.Layer<Store.Store | Operations.Operations | FindingStore.FindingStore, Errors.StoreError, SqlClient.SqlClient | Database> = Layer.mergeAll(
   Layer.effect(Store.Store, make),
-  SqlOperations.layerFromClient
+  SqlOperations.layerFromClient,
+  SqlFindingStore.layerFromClient
 )
 
 // A file that cannot be opened (a missing directory is a TypeError in better-sqlite3) is unavailable, not a defect.
@@ -65,11 +67,11 @@ export const clientLayer = (options: Options): Layer.Layer<SqlClient.SqlClient |
  * @example
  * const StoreLive = SqliteStore.layer({ filename: "./scanfleet.db" })
  */
-export const layer = (options: Options): Layer.Layer<Store.Store | Operations.Operations | SqlClient.SqlClient | Database, Errors.StoreError> =>
+export const layer = (options: Options): Layer.Layer<Store.Store | Operations.Operations | FindingStore.FindingStore | SqlClient.SqlClient | Database, Errors.StoreError> =>
   storeLayer(Layer.provideMerge(layerFromClient, clientLayer(options)))
 
 /** The Store with its settings read from Config (for example `{ filename: Config.string("SCANFLEET_DB") }`). */
-export const layerConfig = (config: Config.Config.Wrap<Options>): Layer.Layer<Store.Store | Operations.Operations | SqlClient.SqlClient | Database, Errors.StoreError> =>
+export const layerConfig = (config: Config.Config.Wrap<Options>): Layer.Layer<Store.Store | Operations.Operations | FindingStore.FindingStore | SqlClient.SqlClient | Database, Errors.StoreError> =>
   Layer.unwrapEffect(
     Effect.map(
       Effect.mapError(Config.unwrap(config), (e) => new Errors.StoreError({ reason: "unavailable", message: `SQLite settings: ${String(e)}`, cause: e })),

@@ -1,6 +1,7 @@
 import { AdminApi, Config, WorkerApi } from "@scanfleet/core"
 import { z } from "zod"
 import { maxActorLength } from "./AdminRoutes.js"
+import * as FindingReference from "./FindingReference.js"
 
 /** One endpoint of the HTTP API, with the zod schemas of what it takes and returns. */
 export interface Endpoint {
@@ -69,10 +70,10 @@ export const worker: ReadonlyArray<Endpoint> = [
     summary:
       "Uploads the result under the result-upload deadline and answers with the receipt. A resubmission answers with the original receipt. The outcome decides the target's status (clean and findings complete it; unsupported leaves it unresolved; the rest fail it).",
     body: WorkerApi.ResultRequest,
-    example: { fence: 1, outcome: "findings", finalPhase: "staging", findings: [{ rule: "aws-key", file: "config/prod.env", secret: { fingerprint: "hmac:3f1c", preview: "AKIA…" } }], log: "1 finding" },
+    example: { fence: 1, outcome: "findings", finalPhase: "staging", findings: [{ scanner: "gitleaks", detector: "aws-access-token", path: "config/prod.env", line: 3, fingerprint: `hmac-sha256:${"3f1c".repeat(16)}`, preview: "AKIA…(20)", secretFields: ["Secret", "Match"] }], log: "1 finding" },
     bodyLimit: `${WorkerApi.maxResultBytes} bytes`,
     response: { status: 200, schema: WorkerApi.Receipt },
-    errors: ["403 `reservation_refused:upload_deadline_passed` | `expired` | `stale_fence` | `not_owner` | `not_active`", "404 the reservation does not exist", "413 the body exceeds the limit"]
+    errors: ["403 `reservation_refused:upload_deadline_passed` | `expired` | `stale_fence` | `not_owner` | `not_active`", "404 the reservation does not exist", "413 the body exceeds the limit", "422 `unredacted_finding`: a finding still carries a declared secret field in the clear, is not a redacted finding, or carries raw values the server does not accept (see docs/findings.md); nothing is stored"]
   },
   {
     method: "POST",
@@ -300,6 +301,7 @@ export const operations: ReadonlyArray<Endpoint> = [
 
 /** Pages that are not JSON. */
 export const other: ReadonlyArray<Endpoint> = [
+  ...FindingReference.endpoints,
   {
     method: "GET",
     path: "/",

@@ -4,6 +4,7 @@ import { Clock, Effect, Either, Layer } from "effect"
 import { readFileSync } from "node:fs"
 import * as AdminCommands from "./AdminCommands.js"
 import * as Database from "./Database.js"
+import * as FindingCli from "./FindingCli.js"
 import * as Scheduler from "./Scheduler.js"
 import * as Server from "./Server.js"
 import * as Sources from "./Sources.js"
@@ -19,6 +20,7 @@ Commands:
   device add --name NAME [--slots N]     register a device; prints its token once
   config preview FILE                    validate a managed configuration document; writes nothing
   config apply FILE [--by NAME]          validate and store it as the next version
+${FindingCli.usage}
 
 Options:
   --config FILE        JSON settings file (also SCANFLEET_CONFIG)
@@ -128,6 +130,7 @@ export const main = async (argv: ReadonlyArray<string>, env: Record<string, stri
       })
       return await new Promise<number>(() => {})
     }
+    if (words[0] === "findings") return await FindingCli.main(words.slice(1), flags, settings(flags, env, false), (t) => process.stdout.write(t), (t) => console.error(t))
     if (cmd === "migrate") {
       const config = settings(flags, env, false)
       await Effect.runPromise(withStore(config, () => Effect.void))
@@ -171,7 +174,7 @@ export const main = async (argv: ReadonlyArray<string>, env: Record<string, stri
     if (operator !== null) return operator
     throw new UsageError(`unknown command: ${cmd}`)
   } catch (e) {
-    if (e instanceof UsageError || e instanceof AdminCommands.UsageError) {
+    if (e instanceof UsageError || e instanceof AdminCommands.UsageError || e instanceof FindingCli.FindingsUsageError) {
       console.error(`${e.message}\n\n${usage}`)
       return 2
     }

@@ -5,6 +5,7 @@ import type { z } from "zod"
 import * as AdminRoutes from "./AdminRoutes.js"
 import { ApiError, fromStoreError } from "./ApiError.js"
 import * as Auth from "./Auth.js"
+import * as FindingsPanel from "./FindingsPanel.js"
 import * as Request from "./internal/Request.js"
 import * as Url from "./internal/Url.js"
 import { Settings } from "./ServerConfig.js"
@@ -206,6 +207,7 @@ const dashboard = Effect.gen(function* () {
   const pct = yield* AdminRoutes.percentileData(q)
   const summary = yield* AdminRoutes.summaryData
   const fleet = yield* store.fleet().pipe(Effect.mapError(fromStoreError))
+  const findings = yield* FindingsPanel.render
   const activeViews = active.map((a) => Views.assignment(a, now, fleet.id)).sort((a, b) => (a.nextDeadline?.at ?? Infinity) - (b.nextDeadline?.at ?? Infinity))
   const body = `<nav><a href="/console/targets" data-testid="nav-targets">Search targets</a><a href="/console/sources" data-testid="nav-sources">Pause or resume sources</a></nav><h1>scanfleet dashboard</h1>
 <p class="muted">Server time <span data-testid="server-now">${esc(iso(now))}</span>; refreshes every 5 s. Every assignment carries three deadlines, fixed at issuance and never renewed:
@@ -219,7 +221,8 @@ and the <b>${esc(Deadline.labels.expiresAt)}</b> (the server reclaims the target
 <form method="get"><label>Source <select name="source"><option value="">all</option>${["github", "gitlab", "huggingface", "dockerhub"].map((s) => `<option${q.source === s ? " selected" : ""}>${s}</option>`).join("")}</select></label>
 <label>Window (hours) <input name="windowHours" type="number" min="1" value="${esc(q.windowHours)}"></label> <button>Show</button></form>
 ${percentileTable(pct)}
-<h2>Targets</h2>${targetsTable(counts)}`
+<h2>Targets</h2>${targetsTable(counts)}
+<h2>Findings</h2>${findings}`
   return secured(HttpServerResponse.html(page("scanfleet dashboard", body)))
 }).pipe(
   Effect.catchTag("ApiError", (e: ApiError) =>

@@ -1,5 +1,5 @@
 import { PgStore, SqliteStore } from "@scanfleet/adapters"
-import { type Errors, MemoryStore, type Operations, type Store } from "@scanfleet/core"
+import { type Errors, FindingStore, type Operations, type Store } from "@scanfleet/core"
 import { Layer, Redacted } from "effect"
 import { mkdirSync } from "node:fs"
 import { dirname, resolve } from "node:path"
@@ -23,17 +23,17 @@ export const parse = (url: string): Backend => {
 export const redact = (url: string): string => url.replace(/\/\/([^:/@]+):[^@/]*@/, "//$1:***@")
 
 /**
- * The Store a database URL names, with its operator port, migrated to the latest schema. Releasing
+ * The Store a database URL names, with its operator port and its FindingStore, migrated to the latest schema. Releasing
  * the layer closes the connection pool.
  *
  * @example
  * const StoreLive = Database.layer("sqlite:./data/scanfleet.db", { poolSize: 10 })
  */
-export const layer = (url: string, opts: { readonly poolSize?: number; readonly prepare?: boolean } = {}): Layer.Layer<Store.Store | Operations.Operations, Errors.StoreError> => {
+export const layer = (url: string, opts: { readonly poolSize?: number; readonly prepare?: boolean } = {}): Layer.Layer<Store.Store | Operations.Operations | FindingStore.FindingStore, Errors.StoreError> => {
   const b = parse(url)
   switch (b._tag) {
     case "memory":
-      return MemoryStore.layer
+      return FindingStore.layerMemory
     case "postgres":
       return PgStore.layer({ url: Redacted.make(b.url), maxConnections: opts.poolSize ?? 10 }, { prepare: opts.prepare ?? true })
     case "sqlite":

@@ -9,12 +9,14 @@ import { ApiError, toResponse } from "./ApiError.js"
 import * as Console from "./Console.js"
 import * as Controls from "./Controls.js"
 import * as Dashboard from "./Dashboard.js"
+import * as FindingRoutes from "./FindingRoutes.js"
 import * as Health from "./Health.js"
 import * as Metrics from "./Metrics.js"
 import * as OperationsRoutes from "./OperationsRoutes.js"
 import { type ServerConfig, Settings } from "./ServerConfig.js"
 import * as Url from "./internal/Url.js"
 import * as Sweeper from "./Sweeper.js"
+import * as Webhooks from "./Webhooks.js"
 import * as WorkerRoutes from "./WorkerRoutes.js"
 
 /** Where a running server listens. */
@@ -47,7 +49,8 @@ export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Operations.Op
   AdminRoutes.router,
   OperationsRoutes.router,
   Dashboard.router,
-  Console.router
+  Console.router,
+  FindingRoutes.router
 ).pipe(HttpRouter.get("/metrics", metricsRoute), HttpRouter.get("/healthz", healthRoute), HttpRouter.get("/readyz", readyRoute))
 
 // Refusals become their JSON body; anything unexpected is logged and answered
@@ -156,7 +159,7 @@ export const layer = (
     )
   )
   const serve = HttpServer.serve(app, accessLog)
-  const running = Layer.mergeAll(serve, info).pipe(Layer.provide(listener), Layer.provide(drain))
+  const running = Layer.mergeAll(serve, info).pipe(Layer.provide(listener), Layer.provide(drain), Layer.provide(Webhooks.layer(config)))
   // The operator port passes through, so co-located fibers (discovery's leases) use the same one.
   const operations = Layer.effect(Operations.Operations, Operations.Operations)
   return Layer.mergeAll(running, Sweeper.layer(config.sweepIntervalMs), operations).pipe(

@@ -24,9 +24,27 @@ export const ServerConfigSchema = z
     poolSize: z.number().int().min(1).max(200).default(10),
     /** PostgreSQL: run the hot statements as prepared statements; off behind a pooler that cannot carry them (PgBouncer in transaction mode before 1.21). */
     pgPrepare: z.boolean().default(true),
-    logLevel: z.enum(["debug", "info", "warning", "error", "none"]).default("info")
+    logLevel: z.enum(["debug", "info", "warning", "error", "none"]).default("info"),
+    /** The secret the fleet key (devices fingerprint found secrets with it) is derived from; the admin token when absent. Never stored in the database. */
+    findingsKey: z.string().min(16).optional(),
+    /** Opt-in raw upload: 32 bytes as 64 hex digits; devices may then send secret values, sealed with AES-256-GCM before they are stored. Never stored in the database. */
+    findingsRawKey: z.string().regex(/^[0-9a-fA-F]{64}$/, "must be 64 hex digits (32 bytes)").optional(),
+    /** Where findings webhooks are POSTed (none when absent). */
+    webhookUrl: z.string().url().optional(),
+    /** The HMAC-SHA256 key of the webhook signature; required with webhookUrl. */
+    webhookSecret: z.string().min(16).optional(),
+    /** Tries per event before it goes to the dead-letter list. */
+    webhookMaxTries: z.number().int().min(1).max(100).default(12),
+    /** Per-attempt timeout, milliseconds. */
+    webhookTimeoutMs: z.number().int().min(10).max(300_000).default(10_000),
+    /** First retry delay, milliseconds; it doubles per try (jittered) up to webhookMaxDelayMs. With the defaults 12 tries span about 17 minutes. */
+    webhookBaseDelayMs: z.number().int().min(1).max(600_000).default(1000),
+    webhookMaxDelayMs: z.number().int().min(1).max(3_600_000).default(300_000),
+    /** How often an idle webhook looks for new outbox events, milliseconds. */
+    webhookPollMs: z.number().int().min(5).max(60_000).default(500)
   })
   .strict()
+  .refine((c) => (c.webhookUrl === undefined) === (c.webhookSecret === undefined), { message: "webhookUrl and webhookSecret go together", path: ["webhookSecret"] })
 
 /** The server's settings. */
 export type ServerConfig = z.infer<typeof ServerConfigSchema>
@@ -42,7 +60,11 @@ export const envVars = {
   SCANFLEET_SWEEP_INTERVAL_MS: "sweepIntervalMs",
   SCANFLEET_POOL_SIZE: "poolSize",
   SCANFLEET_PG_PREPARE: "pgPrepare",
-  SCANFLEET_LOG_LEVEL: "logLevel"
+  SCANFLEET_LOG_LEVEL: "logLevel",
+  SCANFLEET_FINDINGS_KEY: "findingsKey",
+  SCANFLEET_FINDINGS_RAW_KEY: "findingsRawKey",
+  SCANFLEET_WEBHOOK_URL: "webhookUrl",
+  SCANFLEET_WEBHOOK_SECRET: "webhookSecret"
 } as const
 
 const numeric = new Set(["port", "sweepIntervalMs", "poolSize"])

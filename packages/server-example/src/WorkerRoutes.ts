@@ -11,6 +11,7 @@ import {
 } from "./ApiError.js"
 import * as Auth from "./Auth.js"
 import * as Controls from "./Controls.js"
+import * as FindingIntake from "./FindingIntake.js"
 import * as Managed from "./internal/Managed.js"
 import * as Request from "./internal/Request.js"
 import { Settings } from "./ServerConfig.js"
@@ -102,11 +103,14 @@ const result = Effect.gen(function* () {
   const device = yield* Auth.device
   const id = yield* Request.idParam("id")
   const req = yield* Request.body(WorkerApi.ResultRequest, WorkerApi.maxResultBytes)
-  yield* owned(id, device.id)
+  const a = yield* owned(id, device.id)
+  // Findings are checked for what will be stored: a result the store refuses or answers with its first
+  // receipt (another fence, an ended reservation) stores no body, and its authority is judged first.
+  const findings = a.state === "active" && a.fence === req.fence ? yield* FindingIntake.accept(req.findings, yield* Settings) : []
   const store = yield* Store.Store
   const now = yield* Clock.currentTimeMillis
   const receipt = yield* store
-    .submitResult({ deviceId: device.id, reservationId: id, fence: req.fence, now, outcome: req.outcome, finalPhase: req.finalPhase, body: JSON.stringify({ findings: req.findings, log: req.log }) })
+    .submitResult({ deviceId: device.id, reservationId: id, fence: req.fence, now, outcome: req.outcome, finalPhase: req.finalPhase, body: JSON.stringify({ findings, log: req.log }) })
     .pipe(Effect.catchTags({ ReservationRefused: refused, StoreError: (e) => Effect.fail(fromStoreError(e)) }))
   yield* Effect.logInfo("result accepted").pipe(Effect.annotateLogs({ reservationId: id, deviceId: device.id, outcome: receipt.outcome, finalPhase: req.finalPhase, findings: req.findings.length }))
   return ok(receipt)

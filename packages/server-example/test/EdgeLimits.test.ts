@@ -196,13 +196,14 @@ describe.each(backends)("the HTTP edge on %s", (_name, open) => {
     const slot1 = await s.device(token, "POST", "/v1/assignments/claim", { slot: 1 })
     await s.run(Effect.flatMap(Store.Store, (st) => st.recordObservations([{ source: "github", identity: "edge/deep", remoteAt: null }], Date.now())))
     const c = slot1.body.assignment ?? (await s.device(token, "POST", "/v1/assignments/claim", { slot: 1 })).body.assignment
-    // body (1) > findings (2) > finding (3) > ... : the innermost array is at the limit
+    // body (1) > findings (2) > finding (3) > details (4) > ... : the innermost array is at the limit
     let inner: Json = ["bottom"]
-    for (let d = 4; d < WorkerApi.maxJsonDepth; d++) inner = [inner]
-    const body = { fence: c.fence, outcome: "findings", finalPhase: "staging", findings: [{ nested: inner }], log: "" }
+    for (let d = 5; d < WorkerApi.maxJsonDepth; d++) inner = [inner]
+    const finding = { scanner: "custom", detector: "deep", path: "x", fingerprint: `hmac-sha256:${"cd".repeat(32)}`, preview: "" }
+    const body = { fence: c.fence, outcome: "findings", finalPhase: "staging", findings: [{ ...finding, details: { nested: inner } }], log: "" }
     const r = await s.device(token, "POST", `/v1/assignments/${c.reservationId}/result`, body)
     expect(r.status, JSON.stringify(r.body).slice(0, 300)).toBe(200)
-    const tooDeep = await s.device(token, "POST", `/v1/assignments/${c.reservationId}/result`, { ...body, findings: [{ nested: [inner] }] })
+    const tooDeep = await s.device(token, "POST", `/v1/assignments/${c.reservationId}/result`, { ...body, findings: [{ ...finding, details: { nested: [inner] } }] })
     expect(tooDeep.status).toBe(400)
     expect(tooDeep.body.error).toBe("too_deep")
   })

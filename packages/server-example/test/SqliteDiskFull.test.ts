@@ -55,8 +55,15 @@ describe("SQLite on a full disk (a 4 MiB tmpfs)", () => {
     const c = await s.device(token, "POST", "/v1/assignments/claim", { slot: 0 })
     expect(c.status).toBe(200)
     const a = c.body.assignment
-    // About 900 KB of findings: far more than the WAL holds already.
-    const findings = Array.from({ length: 14 }, (_, i) => ({ rule: `r${i}`, text: String.fromCharCode(97 + i).repeat(64_000) }))
+    // About 900 KB of (redacted) findings: far more than the WAL holds already; their rows must roll back with the result.
+    const findings = Array.from({ length: 14 }, (_, i) => ({
+      scanner: "custom",
+      detector: `r${i}`,
+      path: "f",
+      fingerprint: `hmac-sha256:${String(i % 10).repeat(64)}`,
+      preview: "",
+      details: { text: String.fromCharCode(97 + i).repeat(64_000) }
+    }))
     const body = { fence: a.fence, outcome: "findings", finalPhase: "staging", findings, log: "" }
     fill()
     const res = await fetch(`${s.url}/v1/assignments/${a.reservationId}/result`, {

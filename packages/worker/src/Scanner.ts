@@ -1,4 +1,4 @@
-import { type Assignment, PhaseModel, Source, WorkerApi } from "@scanfleet/core"
+import { type Assignment, Findings, PhaseModel, Source, WorkerApi } from "@scanfleet/core"
 import { Data, Effect } from "effect"
 import { accessSync, constants, statSync } from "node:fs"
 import { delimiter, isAbsolute, join } from "node:path"
@@ -50,7 +50,9 @@ export const CommandSpecSchema = z
     /** Extra environment for the scanner (it also inherits the worker's, where credentials belong). */
     env: z.record(z.string(), z.string()).optional(),
     /** Web roots of self-hosted sources for `{gitUrl}` (default `https://github.com`, `https://gitlab.com`). */
-    hosts: z.partialRecord(Source.SourceSchema, z.string().url()).optional()
+    hosts: z.partialRecord(Source.SourceSchema, z.string().url()).optional(),
+    /** Which output fields hold secrets and where the detector, file and line are (the preset's by name when absent); see Redaction. */
+    findings: Findings.FieldMapSchema.optional()
   })
   .strict()
 /** A command scanner. */
@@ -66,7 +68,9 @@ export const ModuleSpecSchema = z
     exportName: z.string().default("default"),
     /** JSON options handed to the runner as `ctx.options`. */
     options: z.unknown().optional(),
-    stop: StopSchema.default("SIGTERM")
+    stop: StopSchema.default("SIGTERM"),
+    /** Which fields of the runner's findings hold secrets (see Redaction). */
+    findings: Findings.FieldMapSchema.optional()
   })
   .strict()
 /** A module scanner. */

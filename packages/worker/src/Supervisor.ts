@@ -12,6 +12,7 @@ import * as LocalState from "./LocalState.js"
 import * as Outbox from "./Outbox.js"
 import * as Permits from "./Permits.js"
 import * as ProcessTree from "./ProcessTree.js"
+import * as Redaction from "./Redaction.js"
 import * as Scanner from "./Scanner.js"
 
 /**
@@ -75,6 +76,10 @@ export interface Options {
   readonly containment?: Containment.Level
   /** Receives every device event (default: JSON lines on stderr for errors and retries only). */
   readonly onEvent?: (e: DeviceEvent) => void
+  /** The fleet key (hex) to fingerprint secrets with; fetched from the server when absent. */
+  readonly fleetKey?: string
+  /** Also upload secret values in the clear, for a server with a raw-upload key (opt-in; default false). */
+  readonly rawUpload?: boolean
   /** Overrides the execution-unit script (tests). */
   readonly childPath?: string
 }
@@ -184,6 +189,7 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
     yield* lock(`${opts.state}.lock`)
     const state = yield* Effect.provide(LocalState.State, yield* Layer.build(LocalState.layer(opts.state)))
     const client = Client.make({ server: opts.server, token: opts.token })
+    const redactor = Redaction.make({ server: opts.server, token: opts.token, scanner: spec, fleetKey: opts.fleetKey, rawUpload: opts.rawUpload })
     const permits = yield* Permits.makeEffect(opts.permits ?? opts.slots)
     const graceMs = opts.graceMs ?? 2000
     const pollMs = Duration.millis(opts.pollMs ?? 1000)
@@ -292,7 +298,8 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
         const started = yield* mustGet(k)
         if (started.phase === null || PhaseModel.canTransition(started.phase, "bundling")) yield* append(k, "bundling")
         const a = yield* mustGet(k)
-        const body = resultBody(a.fence, outcome, finalPhase, staged.findings, staged.log)
+        // Redaction: no declared secret value leaves the device (nor reaches the local result queue).
+        const body = resultBody(a.fence, outcome, finalPhase, yield* Effect.promise(() => redactor.findings(staged.findings)), staged.log)
         if (a.phase !== "uploading" && a.phase !== "awaiting_receipt") yield* append(k, "uploading")
         const cur = yield* mustGet(k)
         const waiting = cur.phase === "awaiting_receipt" ? cur.lastSeq : (yield* append(k, "awaiting_receipt")).seq
@@ -510,7 +517,11 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
      */
     const claimOnce = (slot: number) =>
       // The request itself is not interrupted: an assignment the server issued is run (or released), never dropped.
-      Effect.flatMap(now, (askedAt) => Effect.map(Effect.uninterruptible(client.claim(slot)), (view) => (view === null ? null : { view, askedAt }))).pipe(
+      // No claim before the fleet key is known: whatever the device scans can be redacted.
+      Effect.tryPromise({ try: () => redactor.ready(), catch: (e) => (e instanceof Client.ApiUnreachable ? e : new Client.ApiUnreachable({ message: `fleet key: ${String(e)}` })) }).pipe(
+        Effect.zipRight(now),
+        Effect.flatMap((askedAt) => Effect.map(Effect.uninterruptible(client.claim(slot)), (view) => (view === null ? null : { view, askedAt })))
+      ).pipe(
         Effect.tapError((e) => (e._tag === "ApiUnreachable" ? emit({ type: "retry", reservationId: 0, message: `claim for slot ${slot}: ${e.message}` }) : Effect.void)),
         Effect.retry({ schedule: reachBackoff, while: (e) => e._tag === "ApiUnreachable" }),
         Effect.catchAll((e) =>

@@ -1,6 +1,7 @@
 import { SqlClient, Statement } from "@effect/sql"
 import { Effect, Either, Exit, Ref, Schedule } from "effect"
-import { Assignment, Claim, Deadline, Errors, Percentile, Source, Store, type Target, WorkerWrite } from "@scanfleet/core"
+import { Assignment, Claim, Deadline, Errors, Findings, Percentile, Source, Store, type Target, WorkerWrite } from "@scanfleet/core"
+import * as SqlFindingStore from "../SqlFindingStore.js"
 import * as Codec from "./Codec.js"
 import * as Rollups from "./Rollups.js"
 import * as Prepared from "./Prepared.js"
@@ -143,10 +144,13 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         const judged = WorkerWrite.judgeResult(input, a, () => t!)
         if (Either.isLeft(judged)) return yield* Effect.fail(judged.left)
         if (judged.right._tag === "repeat") return judged.right.receipt
-        const accepted = yield* SubmitResults.acceptMany(sql, [input])
+        const accepted = yield* SubmitResults.acceptMany(sql, [input], true)
         const receipt = accepted.get(input.reservationId)
         // the reservation and its target are locked and were judged acceptable just now
-        return receipt ?? (yield* Effect.dieMessage(`reservation ${input.reservationId} changed under its row lock`))
+        if (receipt === undefined) return yield* Effect.dieMessage(`reservation ${input.reservationId} changed under its row lock`)
+        // Findings: related to the target's stored ones and written in this transaction, with the result.
+        yield* SqlFindingStore.record(sql, SqlFindingStore.scanOf(input, a!))
+        return receipt
       })
     )
 
@@ -204,19 +208,23 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         : retryConflicts(mapped(sql.withTransaction(Progress.sqlite(sql, auth, batch, writeLock)))),
 
     // Postgres: concurrent single results merge into one statement (acceptMany) while one is
-    // in flight; a result it did not accept (a refusal, a repeat, a race) is judged by the
-    // transaction, which names the exact reason.
+    // in flight; a result it did not accept (a refusal, a repeat, a race, a target with open
+    // findings) and a result that carries findings are judged by the transaction, which names
+    // the exact reason and relates the findings.
     submitResult: (input) =>
       !isPg
         ? retryConflicts(mapped(sql.withTransaction(Submit.sqlite(sql, input, insertDurations))))
-        : Effect.flatMap(acceptable(input) ? acceptOne(input) : Effect.succeed(null), (fast) => (fast !== null ? Effect.succeed(fast) : submitJudged(input))),
+        : Effect.flatMap(acceptable(input) && !Findings.carriesFindings(input.outcome, input.body) ? acceptOne(input) : Effect.succeed(null), (fast) =>
+            fast !== null ? Effect.succeed(fast) : submitJudged(input)
+          ),
 
     submitResults: (inputs) =>
       Effect.gen(function* () {
         // Postgres takes the common accepted results in one statement (each reservation once); the
         // rest (refusals, repeats, races) and every result on SQLite are judged one by one.
         const seen = new Set<number>()
-        const batch = isPg ? inputs.filter((i) => acceptable(i) && !seen.has(i.reservationId) && seen.add(i.reservationId)) : []
+        // Results that carry findings are related by the transaction (acceptMany also declines targets with open findings).
+        const batch = isPg ? inputs.filter((i) => acceptable(i) && !Findings.carriesFindings(i.outcome, i.body) && !seen.has(i.reservationId) && seen.add(i.reservationId)) : []
         const accepted =
           batch.length === 0
             ? new Map<number, Assignment.Receipt>()

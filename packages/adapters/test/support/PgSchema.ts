@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto"
-import type { Errors, Operations, Store } from "@scanfleet/core"
+import type { Errors, FindingStore, Operations, Store } from "@scanfleet/core"
 import { Effect, Layer, Redacted } from "effect"
 import pg from "pg"
 import * as PgStore from "../../src/PgStore.js"
@@ -34,5 +34,5 @@ export const schema = (url: string) =>
   )
 
 /** A Postgres Store in a fresh schema of the test server, with its own pool. */
-export const freshStore = (url: string, maxConnections = 12): Layer.Layer<Store.Store | Operations.Operations, Errors.StoreError> =>
+export const freshStore = (url: string, maxConnections = 12): Layer.Layer<Store.Store | Operations.Operations | FindingStore.FindingStore, Errors.StoreError> =>
   Layer.unwrapScoped(Effect.map(schema(url), (name) => PgStore.layer({ url: Redacted.make(urlFor(url, name)), maxConnections })))

@@ -76,3 +76,38 @@ export const arrivals = (run: number): ReadonlyArray<Arrival> => [
   { afterMs: 20_000, label: `dockerhub acme/web:1.${run}`, apply: (f, now) => f.dockerhub.tag("acme/web", `1.${run}`, digest(`acme/web:1.${run}`), now) },
   { afterMs: 28_000, label: `huggingface models/acme/new-model-r${run}`, apply: (f, now) => f.huggingface.put("models", `acme/new-model-r${run}`, now) }
 ]
+
+// Obviously fake test credentials, shaped as the real ones so secretlint's
+// recommended rules match them; none of them was ever issued to anyone.
+const fake = {
+  githubToken: "ghp_FAKEdemoFAKEdemoFAKEdemoFAKEdemo0001",
+  githubToken2: "ghp_FAKEdemoFAKEdemoFAKEdemoFAKEdemo0002",
+  slackToken: "xoxb-000000000000-0000000000000-FAKEdemoFAKEdemoFAKEdemo",
+  npmToken: "npm_FAKEdemoFAKEdemoFAKEdemoFAKEdemo0003",
+  npmToken2: "npm_FAKEdemoFAKEdemoFAKEdemoFAKEdemo0004"
+} as const
+
+const note = "# Obviously fake test credential planted by the scanfleet demo; it was never valid.\n"
+
+/** The fixture files of a target's repository: a README for every target, planted fake credentials in a few. */
+export const repository = (source: string, identity: string): Readonly<Record<string, string>> => {
+  const readme = { "README.md": `# ${identity}\n\nA ${source} target of the scanfleet demo.\n` }
+  switch (`${source}:${identity}`) {
+    case "github:acme/api":
+      return { ...readme, "config/deploy.env": `${note}GITHUB_TOKEN=${fake.githubToken}\n`, "config/chat.env": `${note}SLACK_BOT_TOKEN=${fake.slackToken}\n` }
+    case "github:octo-labs/parser":
+      return { ...readme, ".npmrc": `${note}//registry.npmjs.org/:_authToken=${fake.npmToken}\n` }
+    case "gitlab:platform/gateway":
+      return { ...readme, "deploy/ci.env": `${note}GITHUB_TOKEN=${fake.githubToken2}\n` }
+    default:
+      return readme
+  }
+}
+
+/** What each push of `changes` commits to the target's repository before its remote timestamp moves. */
+export const commits: Readonly<Record<string, { readonly write?: Readonly<Record<string, string>>; readonly remove?: ReadonlyArray<string>; readonly message: string }>> = {
+  // one secret added, one removed, one kept: the rescan shows one new, one resolved, one still present
+  "github:acme/api": { remove: ["config/chat.env"], write: { "ci/.npmrc": `${note}//registry.npmjs.org/:_authToken=${fake.npmToken2}\n` }, message: "move chat settings out; add CI registry auth" },
+  "github:octo-labs/parser": { remove: [".npmrc"], message: "remove the registry token" },
+  "gitlab:platform/gateway": { write: { "CHANGELOG.md": "- gateway: retries\n" }, message: "changelog" }
+}

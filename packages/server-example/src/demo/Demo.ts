@@ -5,6 +5,7 @@ import { Scanner, Supervisor } from "@scanfleet/worker"
 import { Effect, Layer, ManagedRuntime } from "effect"
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs"
 import { join, resolve } from "node:path"
+import { fileURLToPath } from "node:url"
 import { z } from "zod"
 import * as AdminRoutes from "../AdminRoutes.js"
 import * as Database from "../Database.js"
@@ -14,14 +15,16 @@ import * as Sources from "../Sources.js"
 import * as ServerConfig from "../ServerConfig.js"
 import * as Tokens from "../Tokens.js"
 import * as Catalogue from "./Catalogue.js"
+import * as GitRepos from "./GitRepos.js"
 import type * as Summary from "./Summary.js"
 
 /**
  * The whole fleet in one process: the server (Worker API, admin API,
  * dashboard, expiry sweeper) on a database in a local data folder, the
  * discovery scheduler against local stand-ins of GitHub, GitLab, HuggingFace
- * and DockerHub (or the public APIs), and two worker devices running the
- * built-in demo scanner under the hard target-scan deadline.
+ * and DockerHub (or the public APIs) whose targets are real git repositories
+ * served on loopback, and two worker devices that clone them and scan them
+ * with secretlint under the hard target-scan deadline.
  */
 
 /** The managed configuration the demo applies: seconds instead of hours, so a newcomer sees every rule act within a minute. */
@@ -109,6 +112,22 @@ const fakeSchedules = (fakes: FakeSources.FakeSources) =>
     ]
   })
 
+/**
+ * The demo's scanner: secretlint with its recommended rule preset over a clone
+ * of the target's repository (the acquire step runs `git clone` against the
+ * demo's git server). Exit 3 is findings, 0 clean, 2 usage.
+ */
+export const secretlintScanner = (gitUrl: string): Scanner.ParsedSpec =>
+  Scanner.command({
+    name: "secretlint",
+    command: process.execPath,
+    args: [fileURLToPath(new URL("./secretlint-scan.mjs", import.meta.url)), "{workDir}/repo", "--identity", "{identity}", "--slow-marker", Catalogue.slowMarker],
+    acquire: { command: "git", args: ["clone", "-q", `${gitUrl}/{source}/{identity}/.git`, "{workDir}/repo"] },
+    exitCodes: { "0": "clean", "3": "findings", "2": "usage" },
+    otherwise: "scan_error",
+    stop: "SIGTERM"
+  })
+
 /** The managed configuration for a run: the demo's seconds against the fakes; against the public APIs, cooldowns of a day. */
 export const configFor = (sources: Options["sources"]): Config.ManagedConfig => {
   if (sources === undefined || sources.kind === "fake") return demoConfig
@@ -158,6 +177,13 @@ export const start = async (opts: Options): Promise<Running> => {
     if (fakes) {
       cleanups.push(() => fakes.close())
       Catalogue.seed(fakes, run)
+    }
+    // The targets' content: real git repositories on loopback, cloned by the workers' acquire step.
+    const repos = await GitRepos.start(join(dataDir, "git"), Catalogue.repository)
+    cleanups.push(() => repos.close())
+    for (const key of Object.keys(Catalogue.commits)) {
+      const [source, identity] = [key.slice(0, key.indexOf(":")), key.slice(key.indexOf(":") + 1)]
+      await repos.ensure(source, identity, Catalogue.repository(source, identity))
     }
 
     const databaseUrl = opts.databaseUrl ?? `sqlite:${join(dataDir, "scanfleet.db")}`
@@ -209,7 +235,7 @@ export const start = async (opts: Options): Promise<Running> => {
     state.devices = devices
     saveState(stateFile, state)
 
-    const scanner = Scanner.demo({ delayMs: 500, slowMarker: Catalogue.slowMarker, slowDelayMs: 600_000 })
+    const scanner = secretlintScanner(repos.url)
     const running: Array<Supervisor.Device> = []
     cleanups.push(async () => void (await Promise.all(running.map((d) => d.stop()))))
     for (const d of devices) {
@@ -246,6 +272,8 @@ export const start = async (opts: Options): Promise<Running> => {
             const key = `${c.source}:${c.identity}`
             if (pushed.has(key) || !done.some((a) => a.source === c.source && a.identity === c.identity)) continue
             pushed.add(key)
+            const commit = Catalogue.commits[key]
+            if (commit) await repos.commit(c.source, c.identity, commit)
             c.apply(fakes, Date.now())
             log("catalogue_pushed_again", { source: c.source, identity: c.identity })
           }

@@ -1,6 +1,6 @@
-import { Config, MemoryStore, Store } from "@scanfleet/core"
+import { Config, FindingStore, Store } from "@scanfleet/core"
 import { Database, Server, ServerConfig } from "@scanfleet/server-example"
-import { Layer, ManagedRuntime } from "effect"
+import { Effect, Layer, ManagedRuntime } from "effect"
 import { createServer, Socket, type Server as NetServer } from "node:net"
 
 /**
@@ -24,6 +24,8 @@ export interface Fleet {
   readonly timeline: (reservationId: number) => Promise<ReadonlyArray<{ seq: number; kind: string; phase: string; at: number; detail?: string; acceptedAt: number }>>
   /** The server's view of a reservation. */
   readonly assignment: (reservationId: number) => Promise<{ state: string; outcome: string | null; finalPhase: string | null; expiresAt: number; lastSeq: number }>
+  /** Every finding the server stored. */
+  readonly findings: () => Promise<ReadonlyArray<{ readonly detector: string; readonly path: string; readonly fingerprint: string; readonly preview: string; readonly details: unknown }>>
   readonly close: () => Promise<void>
 }
 
@@ -36,7 +38,7 @@ export const start = async (opts: {
   readonly databaseUrl?: string
 }): Promise<Fleet> => {
   const config = ServerConfig.make({ adminToken, host: "127.0.0.1", port: 0, sweepIntervalMs: 100, logLevel: "none", databaseUrl: opts.databaseUrl ?? "memory:" })
-  const rt = ManagedRuntime.make(Server.layer(config).pipe(Layer.provide(opts.databaseUrl ? Database.layer(opts.databaseUrl, { poolSize: 4 }) : MemoryStore.layer)))
+  const rt = ManagedRuntime.make(Server.layer(config).pipe(Layer.provideMerge(opts.databaseUrl ? Database.layer(opts.databaseUrl, { poolSize: 4 }) : FindingStore.layerMemory)))
   const info = await rt.runPromise(Server.Info)
   const store = await rt.runPromise(Store.Store)
   const admin = async (path: string, body: unknown) => {
@@ -66,6 +68,7 @@ export const start = async (opts: {
     seed: (ids) => rt.runPromise(store.recordObservations(ids.map((identity) => ({ source: "github" as const, identity, remoteAt: null })), Date.now())).then(() => {}),
     timeline: (id) => rt.runPromise(store.timeline(id)) as any,
     assignment: (id) => rt.runPromise(store.getAssignment(id)),
+    findings: () => rt.runPromise(Effect.flatMap(FindingStore.FindingStore, (f) => f.list({ limit: 10_000 }))).then((p) => p.findings),
     close: () => rt.dispose()
   }
 }

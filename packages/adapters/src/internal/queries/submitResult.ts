@@ -2,6 +2,7 @@ import type { SqlClient, SqlError } from "@effect/sql"
 import { Effect, Either } from "effect"
 import { type Assignment, type Errors, type Store, WorkerWrite } from "@scanfleet/core"
 import * as Codec from "../Codec.js"
+import * as SqlFindingStore from "../../SqlFindingStore.js"
 
 type Row = { readonly [column: string]: unknown }
 type Event = WorkerWrite.StoredEvent
@@ -23,7 +24,7 @@ export const decodeTimeline = (v: unknown): ReadonlyArray<Event> =>
  * SQLite, inside the caller's transaction: one statement takes the write lock
  * with a no-op update of the reservation and returns it with its target and its
  * timeline; core's WorkerWrite.judgeResult decides, then the writes of an accepted
- * result (target, result, durations, reservation).
+ * result (target, result, durations, reservation, findings).
  */
 export const sqlite = (
   sql: SqlClient.SqlClient,
@@ -49,8 +50,8 @@ export const sqlite = (
 
 /**
  * SQLite: the writes of an accepted result, after every check passed: the target's fenced
- * compare-and-set, the durations of the timeline and the reservation's end with its result
- * body (the receipt is derived from that row).
+ * compare-and-set, the durations of the timeline, the reservation's end with its result
+ * body (the receipt is derived from that row) and the result's findings.
  */
 export const writeAccepted = (
   sql: SqlClient.SqlClient,
@@ -68,5 +69,7 @@ export const writeAccepted = (
     yield* insertDurations(WorkerWrite.durationsOfEnded(a, evs, input.outcome, input.now))
     yield* sql`UPDATE assignments SET state = ${state}, outcome = ${input.outcome},
       final_phase = ${input.finalPhase}, ended_at = ${input.now}, result_body = ${input.body} WHERE reservation_id = ${a.reservationId}`
+    // Findings: related to the target's stored ones and written in this transaction, with the result.
+    yield* SqlFindingStore.record(sql, SqlFindingStore.scanOf(input, a))
     return receipt
   })

@@ -11,9 +11,12 @@ import * as Prepared from "../Prepared.js"
  * its result body on its own row and joins the pending list its durations are folded
  * from later. The writes are core's WorkerWrite.resultPlan. Returns the receipts of the
  * results it accepted; every other input (a refusal, a repeat, a race) is left for the
- * caller to judge one by one. Each reservation may appear once.
+ * caller to judge one by one. Each reservation may appear once. The statement writes no
+ * findings: unless the caller is `relating` (it writes them itself in the same transaction), it
+ * declines a result for a target with open findings, and callers leave results that carry
+ * findings (core's `Findings.carriesFindings`) to the transactional path.
  */
-export const acceptMany = (sql: SqlClient.SqlClient, inputs: ReadonlyArray<Store.ResultInput>) => {
+export const acceptMany = (sql: SqlClient.SqlClient, inputs: ReadonlyArray<Store.ResultInput>, relating = false) => {
   const plans = inputs.map((i) => WorkerWrite.resultPlan(i, i.outcome, i.now))
   const receipts = new Map<number, Assignment.Receipt>(plans.map((p) => [p.receipt.reservationId, p.receipt]))
   return Effect.map(
@@ -27,6 +30,8 @@ export const acceptMany = (sql: SqlClient.SqlClient, inputs: ReadonlyArray<Store
         SELECT s.reservation_id, s.target_id, s.fence, i.now, i.outcome, i.final_phase, i.body, i.target_status, i.state
         FROM assignments s JOIN inp i ON i.reservation_id = s.reservation_id
         WHERE s.device_id = i.device_id AND s.fence = i.fence AND s.state = 'active' AND s.expires_at > i.now AND s.upload_deadline >= i.now
+          -- a target with open findings is related by the transactional path, which writes findings
+          AND (${relating}::bool OR NOT EXISTS (SELECT 1 FROM findings f WHERE f.target_id = s.target_id AND f.status <> 'resolved'))
         ORDER BY s.reservation_id
         FOR UPDATE OF s
       ), t AS (

@@ -1,7 +1,7 @@
 import type { SqlError } from "@effect/sql"
 import type Sqlite from "better-sqlite3"
 import { Effect, Either } from "effect"
-import { Assignment, Claim, Deadline, Errors, type PhaseModel, type Store, Target, WorkerWrite } from "@scanfleet/core"
+import { Assignment, Claim, Deadline, Errors, Findings, type PhaseModel, type Store, Target, WorkerWrite } from "@scanfleet/core"
 import * as Codec from "../Codec.js"
 import { mapped } from "../SqlErrors.js"
 import type { Database } from "./Connection.js"
@@ -17,12 +17,23 @@ class Refusal<E> {
 }
 
 /**
+ * A result whose findings must be related (it carries findings, or its target has open ones):
+ * thrown as a Refusal's error to roll the synchronous transaction back before it wrote anything,
+ * and the result goes to the SqlClient path, which relates findings in its own transaction.
+ */
+class Declined {}
+const declined = new Declined()
+const isDeclined = (e: unknown): e is Declined => e instanceof Declined
+
+/**
  * The hot operations of the SQLite Store (claims, results, progress, observations)
  * as prepared better-sqlite3 statements, one set per operation, each operation one
  * synchronous IMMEDIATE transaction. The decisions are core's (Claim, Deadline,
  * WorkerWrite, Target); these functions read what they need and write what they decide.
+ * Results that relate findings (core's `Findings.carriesFindings`, or a target with open
+ * findings) are left to `slow`, the SqlClient Store, which writes them with the result.
  */
-export const make = (database: Database) => {
+export const make = (database: Database, slow: Pick<Store.StoreShape, "submitResult" | "submitResults">) => {
   const db = database.db
   const st = statements(db)
 
@@ -47,8 +58,8 @@ export const make = (database: Database) => {
   }
 
   const claimTx = transaction<Store.ClaimManyRequest, ReadonlyArray<Assignment.Assignment>, Errors.ClaimRejected>((req) => claimSlots(req))
-  const resultTx = transaction<Store.ResultInput, Either.Either<Assignment.Receipt, Errors.ReservationRefused>, never>((input) => submitOne(input))
-  const resultsTx = transaction<ReadonlyArray<Store.ResultInput>, ReadonlyArray<Either.Either<Assignment.Receipt, Errors.ReservationRefused>>, never>((inputs) => inputs.map(submitOne))
+  const resultTx = transaction<Store.ResultInput, Either.Either<Assignment.Receipt, Errors.ReservationRefused>, Declined>((input) => submitOne(input))
+  const resultsTx = transaction<ReadonlyArray<Store.ResultInput>, ReadonlyArray<Either.Either<Assignment.Receipt, Errors.ReservationRefused>>, Declined>((inputs) => inputs.map(submitOne))
   const progressTx = transaction<
     { readonly auth: Store.Authority; readonly batch: ReadonlyArray<PhaseModel.Event> },
     { readonly results: ReadonlyArray<Store.Acceptance>; readonly assignment: Assignment.Assignment },
@@ -110,6 +121,8 @@ export const make = (database: Database) => {
     if (judged.right._tag === "repeat") return Either.right(judged.right.receipt)
     const { receipt, targetStatus, state } = judged.right
     const x = a!
+    // Nothing written yet: a target whose open findings this result may resolve goes to the slow path.
+    if (st.openFindings.get(x.targetId) !== undefined) throw new Refusal(declined)
     if (targetStatus === "completed") st.completeTarget.run(input.now, x.targetId, x.fence)
     else st.failTarget.run(targetStatus, x.targetId, x.fence)
     const timeline = (st.timeline.all(x.reservationId) as Array<Row>).map(Codec.event)
@@ -163,9 +176,14 @@ export const make = (database: Database) => {
   return {
     claim: (req: Store.ClaimRequest) => Effect.map(claimTransaction({ ...req, slots: [req.slot] }), (as) => as[0] ?? null),
     claimMany: claimTransaction,
-    submitResult: (input: Store.ResultInput) => Effect.flatMap(resultTx(input), (r): Effect.Effect<Assignment.Receipt, Errors.ReservationRefused> => r),
-    // One transaction for the batch: each result judged after the ones before it, as one at a time.
-    submitResults: (inputs: ReadonlyArray<Store.ResultInput>) => resultsTx(inputs),
+    submitResult: (input: Store.ResultInput) =>
+      Findings.carriesFindings(input.outcome, input.body)
+        ? slow.submitResult(input)
+        : Effect.flatMap(resultTx(input), (r): Effect.Effect<Assignment.Receipt, Errors.ReservationRefused> => r).pipe(Effect.catchIf(isDeclined, () => slow.submitResult(input))),
+    // One transaction for the batch: each result judged after the ones before it, as one at a time;
+    // a batch with a result that relates findings goes whole to the slow path, which keeps that order.
+    submitResults: (inputs: ReadonlyArray<Store.ResultInput>) =>
+      inputs.some((i) => Findings.carriesFindings(i.outcome, i.body)) ? slow.submitResults(inputs) : resultsTx(inputs).pipe(Effect.catchIf(isDeclined, () => slow.submitResults(inputs))),
     appendProgress: (auth: Store.Authority, batch: ReadonlyArray<PhaseModel.Event>) => progressTx({ auth, batch }),
     recordObservations: (batch: ReadonlyArray<Target.Observation>, now: number) => recordTx({ batch, now })
   } satisfies Partial<Store.StoreShape>
@@ -202,6 +220,7 @@ const statements = (db: Sqlite.Database) => {
     completeTarget: db.prepare("UPDATE targets SET status = 'completed', completed_at = ? WHERE id = ? AND status = 'in_progress' AND fence = ?"),
     failTarget: db.prepare("UPDATE targets SET status = ? WHERE id = ? AND status = 'in_progress' AND fence = ?"),
     duration: db.prepare("INSERT INTO durations (source, metric, outcome, ms, at) VALUES (?, ?, ?, ?, ?)"),
+    openFindings: db.prepare("SELECT 1 FROM findings WHERE target_id = ? AND status <> 'resolved' LIMIT 1"),
     end: db.prepare("UPDATE assignments SET state = ?, outcome = ?, final_phase = ?, ended_at = ?, result_body = ? WHERE reservation_id = ?"),
     events: db.prepare("SELECT seq, kind, phase, at, detail, accepted_at FROM progress_events WHERE reservation_id = ? AND seq BETWEEN ? AND ? ORDER BY seq"),
     insertEvent: db.prepare("INSERT INTO progress_events (reservation_id, seq, kind, phase, at, detail, accepted_at) VALUES (?, ?, ?, ?, ?, ?, ?)"),

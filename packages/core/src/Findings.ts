@@ -1,0 +1,436 @@
+import { z } from "zod"
+import type { Source } from "./Source.js"
+
+/**
+ * Findings: the rules that hold on both sides of the wire and in every store.
+ *
+ * A device never sends a secret value in the clear. Each field a scanner
+ * declares as secret is replaced by a {@link Redacted} marker: a keyed
+ * fingerprint (HMAC-SHA256 under the fleet key, so equal secrets match across
+ * devices and rescans without being readable) and a short preview. A result
+ * whose findings still carry a declared field unredacted is refused whole.
+ *
+ * Accepted findings are rows keyed by (target, detector, path, fingerprint);
+ * each completed scan of a target is related to the rows its previous scans
+ * left open ({@link relate}): new, still present, resolved.
+ */
+
+/** The prefix of every fingerprint; the algorithm is named so a later one can sit beside it. */
+export const fingerprintPrefix = "hmac-sha256:"
+
+/** A keyed fingerprint: `hmac-sha256:` and 64 lowercase hex digits. */
+export const Fingerprint = z.string().regex(/^hmac-sha256:[0-9a-f]{64}$/, "must be hmac-sha256: followed by 64 lowercase hex digits")
+
+/** Longest preview a device may send. */
+export const maxPreview = 24
+
+/** What stands in for a secret value: its fingerprint and a short preview, never the value. */
+export const Redacted = z.object({ redacted: Fingerprint, preview: z.string().max(maxPreview) }).strict()
+/** A redaction marker. */
+export type Redacted = z.infer<typeof Redacted>
+
+/**
+ * The fields of each preset scanner's output that hold secret values, keyed by
+ * preset name. trufflehog prints the match as `Raw` and `RawV2`; gitleaks as
+ * `Secret` and `Match` (the whole matched text); secretlint puts the value in
+ * its `message`, in `data` and, in its JSON result, in the file's `sourceContent`.
+ */
+export const secretFields = {
+  trufflehog: ["Raw", "RawV2"],
+  gitleaks: ["Secret", "Match"],
+  secretlint: ["message", "data", "sourceContent"]
+} as const satisfies Record<string, ReadonlyArray<string>>
+
+/**
+ * Field names refused unredacted whatever scanner a finding names: trufflehog's
+ * and gitleaks' (distinctive enough that no other scanner means anything else
+ * by them). secretlint's generic names are checked on findings of `secretlint`.
+ */
+export const alwaysSecret: ReadonlySet<string> = new Set([...secretFields.trufflehog, ...secretFields.gitleaks])
+
+/** The fields declared secret for a finding of this scanner: its preset's, the always-secret ones and the finding's own. */
+export const declaredFor = (scanner: string | undefined, own: ReadonlyArray<string> = []): ReadonlySet<string> =>
+  new Set([...alwaysSecret, ...(scanner !== undefined && Object.hasOwn(secretFields, scanner) ? secretFields[scanner as keyof typeof secretFields] : []), ...own])
+
+/**
+ * A short preview of a secret: its first four characters and its length, so
+ * an operator can tell an AWS key from a Slack token without learning either.
+ * Values under 12 characters show nothing but their length.
+ */
+export const preview = (value: string): string => (value.length < 12 ? `…(${value.length})` : `${value.slice(0, 4)}…(${value.length})`)
+
+/** The longest identifier-like strings a finding carries. */
+const label = z.string().min(1).max(500)
+
+/**
+ * One finding as a device reports it: where it is, which detector found it,
+ * the fingerprint that identifies the secret, and the scanner's own fields
+ * (`details`) with every declared secret field redacted. `raw` holds values in
+ * the clear and is accepted only when the server has a raw-upload key, which
+ * seals it before anything is stored.
+ */
+export const Reported = z
+  .object({
+    /** The scanner (a preset name, or the command scanner's own name). */
+    scanner: label,
+    detector: label,
+    /** Path of the file (or layer, or artifact) inside the target. */
+    path: z.string().max(2000),
+    line: z.number().int().min(0).nullable().default(null),
+    /** The revision (commit) the scanner saw the finding in, when it says. */
+    commit: z.string().max(200).nullable().default(null),
+    fingerprint: Fingerprint,
+    preview: z.string().max(maxPreview),
+    /** Whether the scanner verified the secret live; null when it does not say. */
+    verified: z.boolean().nullable().default(null),
+    /** The fields the device redacted (its scanner's declaration). */
+    secretFields: z.array(z.string().max(200)).max(64).default([]),
+    details: z.record(z.string(), z.unknown()).default({}),
+    raw: z.record(z.string(), z.string().max(65_536)).optional()
+  })
+  .strict()
+/** A reported finding as parsed. */
+export type Reported = z.infer<typeof Reported>
+/** A reported finding as a device writes it. */
+export type ReportedInput = z.input<typeof Reported>
+
+/** One declared secret field found with its value in the clear. */
+export interface Unredacted {
+  readonly path: ReadonlyArray<string | number>
+  readonly field: string
+}
+
+const isRedacted = (v: unknown) => Redacted.safeParse(v).success
+
+/**
+ * Every place in a finding (any depth) where a declared secret field holds
+ * something other than a redaction marker ({@link declaredFor} the scanner
+ * the finding names and its own `secretFields`); `raw` is the opt-in clear
+ * channel and is judged by the server's raw-upload setting instead.
+ */
+export const unredacted = (finding: unknown): ReadonlyArray<Unredacted> => {
+  const o = finding !== null && typeof finding === "object" ? (finding as { secretFields?: unknown; scanner?: unknown }) : {}
+  const own = Array.isArray(o.secretFields) ? (o.secretFields.filter((f) => typeof f === "string") as ReadonlyArray<string>) : []
+  const declared = declaredFor(typeof o.scanner === "string" ? o.scanner : undefined, own)
+  const out: Array<Unredacted> = []
+  const walk = (v: unknown, path: ReadonlyArray<string | number>, depth: number) => {
+    if (depth > 32 || v === null || typeof v !== "object") return
+    if (Array.isArray(v)) return v.forEach((x, i) => walk(x, [...path, i], depth + 1))
+    for (const [k, x] of Object.entries(v)) {
+      if (depth === 0 && (k === "raw" || k === "secretFields")) continue
+      if (declared.has(k) && x !== null && x !== undefined && x !== "" && !isRedacted(x)) out.push({ path: [...path, k], field: k })
+      else if (!isRedacted(x)) walk(x, [...path, k], depth + 1)
+    }
+  }
+  walk(finding, [], 0)
+  return out
+}
+
+/** Row statuses: `new` appeared in the target's latest scan, `open` was there before too, `resolved` is gone. */
+export const statuses = ["new", "open", "resolved"] as const
+/** A finding's status. */
+export type Status = (typeof statuses)[number]
+
+/** A stored finding. Times are epoch milliseconds; revisions are what the scan covered. */
+export interface Finding {
+  readonly id: number
+  readonly targetId: number
+  readonly source: Source
+  readonly identity: string
+  readonly detector: string
+  readonly path: string
+  readonly line: number | null
+  readonly fingerprint: string
+  readonly preview: string
+  readonly verified: boolean | null
+  readonly status: Status
+  readonly firstSeenAt: number
+  readonly lastSeenAt: number
+  readonly firstRevision: string | null
+  readonly lastRevision: string | null
+  readonly resolvedAt: number | null
+  readonly resolvedRevision: string | null
+  /** The scanner's fields, every declared secret redacted. */
+  readonly details: Readonly<Record<string, unknown>>
+  /** The clear values sealed with the server's raw-upload key (opt-in), never the key. */
+  readonly sealed: string | null
+}
+
+/** How one scan relates to the previous ones of its target. */
+export interface Summary {
+  readonly new: number
+  readonly present: number
+  readonly resolved: number
+}
+
+/** One accepted scan of a target and its summary. */
+export interface Scan extends Summary {
+  readonly reservationId: number
+  readonly targetId: number
+  readonly source: Source
+  readonly identity: string
+  readonly revision: string | null
+  readonly at: number
+}
+
+/** One change in a finding's life. */
+export interface Event {
+  readonly findingId: number
+  readonly reservationId: number
+  readonly kind: "new" | "reopened" | "resolved"
+  readonly revision: string | null
+  readonly at: number
+}
+
+/** The identity of a finding inside its target: the same secret from the same detector in the same file. */
+export const keyOf = (f: { readonly detector: string; readonly path: string; readonly fingerprint: string }): string =>
+  `${f.detector}\u0000${f.path}\u0000${f.fingerprint}`
+
+/** Outcomes whose scan says what the target holds now: only these relate findings (a failed scan resolves nothing). */
+export const relates = (outcome: string): boolean => outcome === "clean" || outcome === "findings"
+
+/** The revision a scan covers: the commit its findings name when they agree on one, else the covered remote time. */
+export const revisionOf = (reported: ReadonlyArray<Accepted>, coveredRemoteAt: number | null): string | null => {
+  const commits = new Set(reported.map((r) => r.commit).filter((c): c is string => c !== null))
+  if (commits.size === 1) return [...commits][0]
+  return coveredRemoteAt === null ? null : new Date(coveredRemoteAt).toISOString()
+}
+
+/** What relating one scan asks a store to write. */
+export interface Plan {
+  /** Findings seen for the first time (one per key). */
+  readonly inserts: ReadonlyArray<Accepted>
+  /** Known findings seen again: the row's id, its next status, and what this scan says of it. */
+  readonly seen: ReadonlyArray<{ readonly id: number; readonly status: "new" | "open"; readonly reopened: boolean; readonly reported: Accepted }>
+  /** Rows open before and absent now. */
+  readonly resolved: ReadonlyArray<number>
+  readonly summary: Summary
+}
+
+/**
+ * Relates one completed scan to the target's stored findings. A key seen again
+ * is still present (a resolved one that comes back is reopened and counts as
+ * new); an open key not seen is resolved; a key reported twice in one scan is
+ * one finding. Every store writes exactly this plan.
+ */
+export const relate = (stored: ReadonlyArray<Pick<Finding, "id" | "detector" | "path" | "fingerprint" | "status">>, reported: ReadonlyArray<Accepted>): Plan => {
+  const byKey = new Map(stored.map((f) => [keyOf(f), f]))
+  const now = new Map<string, Accepted>()
+  for (const r of reported) if (!now.has(keyOf(r))) now.set(keyOf(r), r)
+  const inserts: Array<Accepted> = []
+  const seen: Array<Plan["seen"][number]> = []
+  let fresh = 0
+  let present = 0
+  for (const [k, r] of now) {
+    const f = byKey.get(k)
+    if (f === undefined) {
+      inserts.push(r)
+      fresh++
+    } else if (f.status === "resolved") {
+      seen.push({ id: f.id, status: "new", reopened: true, reported: r })
+      fresh++
+    } else {
+      seen.push({ id: f.id, status: "open", reopened: false, reported: r })
+      present++
+    }
+  }
+  const resolved = stored.filter((f) => f.status !== "resolved" && !now.has(keyOf(f))).map((f) => f.id)
+  return { inserts, seen, resolved, summary: { new: fresh, present, resolved: resolved.length } }
+}
+
+/**
+ * A plan that touches no finding: the target had none open and the scan found
+ * none. Such a scan writes nothing (its summary reads as zeros), so the common
+ * clean result stays off the findings tables.
+ */
+export const isEmpty = (p: Plan): boolean => p.inserts.length === 0 && p.seen.length === 0 && p.resolved.length === 0
+
+/**
+ * Whether accepting this result may write findings whatever the target holds:
+ * a relating outcome with findings in the body. A store's one-statement path
+ * that does not write findings must leave such a result (and any result for a
+ * target with open findings) to the path that does.
+ */
+export const carriesFindings = (outcome: string, body: string): boolean => relates(outcome) && fromBody(body).length > 0
+
+/** A finding list query. `after` is the keyset cursor: the id of the last row of the previous page. */
+export interface ListQuery {
+  readonly source?: Source
+  readonly identity?: string
+  readonly detector?: string
+  readonly status?: Status
+  readonly verified?: boolean
+  /** Only findings seen at or after this time. */
+  readonly since?: number
+  readonly after?: number
+  readonly limit: number
+}
+
+/** Whether a finding passes a list query's filters (the cursor and limit aside). */
+export const matches = (f: Finding, q: ListQuery): boolean =>
+  (q.source === undefined || f.source === q.source) &&
+  (q.identity === undefined || f.identity === q.identity) &&
+  (q.detector === undefined || f.detector === q.detector) &&
+  (q.status === undefined || f.status === q.status) &&
+  (q.verified === undefined || f.verified === q.verified) &&
+  (q.since === undefined || f.lastSeenAt >= q.since)
+
+/** One page of findings, in id order, and the cursor of the next page (null on the last). */
+export interface Page {
+  readonly findings: ReadonlyArray<Finding>
+  readonly next: number | null
+}
+
+/** One delivery of the outbox: what a scan changed, in acceptance order per target. */
+export interface OutboxEvent {
+  /** Position in the outbox: strictly increasing in commit order per target. */
+  readonly seq: number
+  readonly type: "scan.related"
+  readonly at: number
+  readonly scan: Scan
+  /** The findings the scan made new or resolved. */
+  readonly findings: ReadonlyArray<{ readonly id: number; readonly change: "new" | "resolved"; readonly detector: string; readonly path: string; readonly line: number | null; readonly fingerprint: string; readonly preview: string; readonly verified: boolean | null }>
+}
+
+/** A finding without its sealed values: what every reader outside the server's raw key sees. */
+export const view = (f: Finding) => {
+  const { sealed, ...rest } = f
+  return { ...rest, sealed: sealed !== null }
+}
+
+/** One JSON line per finding, secrets redacted, sealed values left out. */
+export const toJsonLines = (fs: ReadonlyArray<Finding>): string => fs.map((f) => `${JSON.stringify(view(f))}\n`).join("")
+
+const sarifLevel = (f: Finding) => (f.verified === true ? "error" : "warning")
+
+/**
+ * A SARIF 2.1.0 log of findings: one run, one rule per detector, one result
+ * per finding with its location and its fingerprint as a partial fingerprint
+ * (so code-scanning tools deduplicate as scanfleet does). Resolved findings
+ * carry `baselineState: "absent"`, new ones `"new"`, open ones `"unchanged"`.
+ */
+export const toSarif = (fs: ReadonlyArray<Finding>, tool: { readonly name: string; readonly version: string; readonly informationUri?: string }) => {
+  const detectors = [...new Set(fs.map((f) => f.detector))].sort()
+  const index = new Map(detectors.map((d, i) => [d, i]))
+  return {
+    $schema: "https://json.schemastore.org/sarif-2.1.0.json",
+    version: "2.1.0" as const,
+    runs: [
+      {
+        tool: {
+          driver: {
+            name: tool.name,
+            version: tool.version,
+            ...(tool.informationUri ? { informationUri: tool.informationUri } : {}),
+            rules: detectors.map((d) => ({ id: d, name: d, shortDescription: { text: `secret found by ${d}` } }))
+          }
+        },
+        results: fs.map((f) => ({
+          ruleId: f.detector,
+          ruleIndex: index.get(f.detector)!,
+          level: sarifLevel(f),
+          kind: "fail" as const,
+          baselineState: f.status === "resolved" ? ("absent" as const) : f.status === "new" ? ("new" as const) : ("unchanged" as const),
+          message: { text: `${f.detector} secret ${f.preview} in ${f.source}:${f.identity}${f.path ? ` at ${f.path}` : ""}${f.verified === true ? " (verified)" : ""}` },
+          locations: [
+            {
+              physicalLocation: {
+                artifactLocation: { uri: f.path === "" ? "." : f.path.replace(/^\/+/, "") },
+                ...(f.line !== null && f.line >= 1 ? { region: { startLine: f.line } } : {})
+              }
+            }
+          ],
+          partialFingerprints: { "scanfleet/v1": f.fingerprint },
+          properties: { findingId: f.id, source: f.source, identity: f.identity, status: f.status, firstSeenAt: new Date(f.firstSeenAt).toISOString(), lastSeenAt: new Date(f.lastSeenAt).toISOString(), firstRevision: f.firstRevision, lastRevision: f.lastRevision }
+        }))
+      }
+    ]
+  }
+}
+
+/** A finding as the server stores it in a result body: the reported fields, the clear values sealed (or none). */
+export const Accepted = Reported.omit({ raw: true }).extend({ sealed: z.string().max(200_000).nullable().default(null) }).strict()
+/** An accepted finding. */
+export type Accepted = z.infer<typeof Accepted>
+
+/**
+ * The findings of a stored result body (`{ findings: [...] }`) that are in the
+ * accepted shape; anything else in the body (a log, or findings written by a
+ * caller that bypassed the server's intake) becomes no row.
+ */
+export const fromBody = (body: string): ReadonlyArray<Accepted> => {
+  let doc: unknown
+  try {
+    doc = JSON.parse(body)
+  } catch {
+    return []
+  }
+  const list = doc !== null && typeof doc === "object" ? (doc as { findings?: unknown }).findings : undefined
+  if (!Array.isArray(list)) return []
+  const out: Array<Accepted> = []
+  for (const f of list) {
+    const p = Accepted.safeParse(f)
+    if (p.success) out.push(p.data)
+  }
+  return out
+}
+
+/** A dotted path into a scanner's JSON finding (`SourceMetadata.Data.Git.file`), or several tried in order. */
+const FieldPath = z.union([z.string().min(1).max(500), z.array(z.string().min(1).max(500)).min(1).max(16)])
+
+/**
+ * How to read a scanner's findings: which fields hold secrets (redacted at the
+ * device), which one the fingerprint is taken from (the first present of
+ * `fingerprintFrom`, default `secretFields` in order), and where the detector,
+ * file, line, commit and verified flag are. A command scanner spec may carry
+ * its own; the presets' are in {@link fieldMaps}.
+ */
+export const FieldMapSchema = z
+  .object({
+    secretFields: z.array(z.string().min(1).max(200)).max(64),
+    fingerprintFrom: z.array(z.string().min(1).max(200)).max(64).optional(),
+    detector: FieldPath.optional(),
+    path: FieldPath.optional(),
+    line: FieldPath.optional(),
+    commit: FieldPath.optional(),
+    verified: FieldPath.optional()
+  })
+  .strict()
+/** A field map. */
+export type FieldMap = z.infer<typeof FieldMapSchema>
+
+/** The field maps of the preset scanners, keyed by preset name (their secret fields are {@link secretFields}). */
+export const fieldMaps: Readonly<Record<keyof typeof secretFields, FieldMap>> = {
+  trufflehog: {
+    secretFields: [...secretFields.trufflehog],
+    fingerprintFrom: ["RawV2", "Raw"],
+    detector: "DetectorName",
+    path: ["SourceMetadata.Data.Git.file", "SourceMetadata.Data.Filesystem.file", "SourceMetadata.Data.Docker.file", "SourceMetadata.Data.Huggingface.file"],
+    line: ["SourceMetadata.Data.Git.line", "SourceMetadata.Data.Filesystem.line"],
+    commit: ["SourceMetadata.Data.Git.commit", "SourceMetadata.Data.Huggingface.commit"],
+    verified: "Verified"
+  },
+  gitleaks: { secretFields: [...secretFields.gitleaks], fingerprintFrom: ["Secret", "Match"], detector: "RuleID", path: "File", line: "StartLine", commit: "Commit" },
+  secretlint: { secretFields: [...secretFields.secretlint], fingerprintFrom: ["data", "message"], detector: "ruleId", path: "filePath", line: "loc.start.line" }
+}
+
+/** The value at a dotted path (the first path that yields one), or undefined. */
+export const at = (value: unknown, path: FieldMap["detector"]): unknown => {
+  if (path === undefined) return undefined
+  for (const p of typeof path === "string" ? [path] : path) {
+    let v: unknown = value
+    for (const k of p.split(".")) v = v !== null && typeof v === "object" && !Array.isArray(v) ? (v as Record<string, unknown>)[k] : undefined
+    if (v !== undefined && v !== null) return v
+  }
+  return undefined
+}
+
+/** A JSON value as one string, keys sorted, so equal values fingerprint equally wherever they were printed. */
+export const canonical = (v: unknown): string => (typeof v === "string" ? v : json(v))
+
+const json = (v: unknown): string =>
+  v === null || typeof v !== "object"
+    ? (JSON.stringify(v) ?? "null")
+    : Array.isArray(v)
+      ? `[${v.map(json).join(",")}]`
+      : `{${Object.keys(v).sort().map((k) => `${JSON.stringify(k)}:${json((v as Record<string, unknown>)[k])}`).join(",")}}`

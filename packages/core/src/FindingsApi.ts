@@ -1,0 +1,93 @@
+import { z } from "zod"
+import * as Findings from "./Findings.js"
+import { SourceSchema } from "./Source.js"
+
+/**
+ * The HTTP contract of findings: the admin reads and exports, and the device's
+ * fleet-key request. The server parses queries with these schemas and clients
+ * parse responses with them.
+ */
+
+const epochMs = z.number().int()
+const flag = z.enum(["true", "false"]).transform((v) => v === "true")
+
+/** GET /v1/admin/findings query (also the filters of /v1/admin/findings/export). */
+export const ListQuery = z
+  .object({
+    source: SourceSchema.optional(),
+    identity: z.string().min(1).max(1000).optional(),
+    detector: z.string().min(1).max(500).optional(),
+    status: z.enum(Findings.statuses).optional(),
+    verified: flag.optional(),
+    /** ISO-8601 instant or epoch milliseconds: findings seen at or after it. */
+    since: z
+      .string()
+      .refine((v) => /^\d+$/.test(v) || !Number.isNaN(Date.parse(v)), "must be an ISO-8601 instant or epoch milliseconds")
+      .transform((v) => (/^\d+$/.test(v) ? Number(v) : Date.parse(v)))
+      .optional(),
+    /** The cursor a previous page returned as `next`. */
+    after: z.coerce.number().int().min(0).max(Number.MAX_SAFE_INTEGER).optional(),
+    limit: z.coerce.number().int().min(1).max(1000).default(100)
+  })
+  .strict()
+
+/** GET /v1/admin/findings/export query: the list filters and a format. */
+export const ExportQuery = ListQuery.omit({ after: true, limit: true }).extend({ format: z.enum(["jsonl", "sarif"]).default("jsonl") }).strict()
+
+/** A finding as every reader sees it: secrets redacted, sealed values only flagged. */
+export const FindingView = z
+  .object({
+    id: z.number().int(),
+    targetId: z.number().int(),
+    source: SourceSchema,
+    identity: z.string(),
+    detector: z.string(),
+    path: z.string(),
+    line: z.number().int().nullable(),
+    fingerprint: Findings.Fingerprint,
+    preview: z.string(),
+    verified: z.boolean().nullable(),
+    status: z.enum(Findings.statuses),
+    firstSeenAt: epochMs,
+    lastSeenAt: epochMs,
+    firstRevision: z.string().nullable(),
+    lastRevision: z.string().nullable(),
+    resolvedAt: epochMs.nullable(),
+    resolvedRevision: z.string().nullable(),
+    details: z.record(z.string(), z.unknown()),
+    sealed: z.boolean()
+  })
+  .strict()
+
+/** GET /v1/admin/findings: one page in id order; `next` is the cursor of the following page (null on the last). */
+export const Page = z.object({ findings: z.array(FindingView), next: z.number().int().nullable() }).strict()
+
+/** One accepted scan's summary. */
+export const ScanView = z
+  .object({
+    reservationId: z.number().int(),
+    targetId: z.number().int(),
+    source: SourceSchema,
+    identity: z.string(),
+    revision: z.string().nullable(),
+    at: epochMs,
+    new: z.number().int(),
+    present: z.number().int(),
+    resolved: z.number().int()
+  })
+  .strict()
+
+/** GET /v1/admin/findings/target: one target's findings, their history and its scans. */
+export const TargetHistory = z
+  .object({
+    findings: z.array(FindingView),
+    events: z.array(z.object({ findingId: z.number().int(), reservationId: z.number().int(), kind: z.enum(["new", "reopened", "resolved"]), revision: z.string().nullable(), at: epochMs }).strict()),
+    scans: z.array(ScanView)
+  })
+  .strict()
+
+/** GET /v1/admin/findings/target query. */
+export const TargetQuery = z.object({ source: SourceSchema, identity: z.string().min(1).max(1000) }).strict()
+
+/** GET /v1/device/fleet-key: the key devices fingerprint secrets with (hex), and its id so a rotation shows. */
+export const FleetKey = z.object({ keyId: z.string(), key: z.string().regex(/^[0-9a-f]{64}$/) }).strict()

@@ -1,0 +1,74 @@
+import { Findings, FindingStore, FindingsApi } from "@scanfleet/core"
+import { Effect } from "effect"
+import * as Database from "./Database.js"
+import type * as ServerConfig from "./ServerConfig.js"
+import type { z } from "zod"
+
+/** The usage lines of `scanfleet-server findings …`. */
+export const usage = `  findings list [filters] [--after ID] [--limit N]   findings as JSON lines, in id order; the next page's cursor on stderr
+  findings target SOURCE IDENTITY                  one target's findings, their history and its scans (JSON)
+  findings export [--format jsonl|sarif] [filters] every matching finding as JSON lines or a SARIF 2.1.0 log
+                  filters: --source S --identity I --detector D --status new|open|resolved --verified true|false --since ISO`
+
+/** A findings command line that cannot be run as given. */
+export class FindingsUsageError extends Error {}
+
+const pick = (flags: ReadonlyMap<string, string>, names: ReadonlyArray<string>) => Object.fromEntries(names.filter((n) => flags.has(n)).map((n) => [n, flags.get(n)!]))
+
+const parse = <S extends z.ZodType>(schema: S, flags: ReadonlyMap<string, string>, names: ReadonlyArray<string>): z.output<S> => {
+  const r = schema.safeParse(pick(flags, names))
+  if (!r.success) throw new FindingsUsageError(r.error.issues.map((i) => `--${i.path.join(".")}: ${i.message}`).join("; "))
+  return r.data as z.output<S>
+}
+
+const filterNames = ["source", "identity", "detector", "status", "verified", "since"]
+
+const withFindings = <A, E>(config: ServerConfig.ServerConfig, f: (fs: FindingStore.FindingStoreShape) => Effect.Effect<A, E>) =>
+  Effect.runPromise(Effect.flatMap(FindingStore.FindingStore, f).pipe(Effect.provide(Database.layer(config.databaseUrl, { poolSize: config.poolSize, prepare: config.pgPrepare }))))
+
+const clean = <Q extends object>(q: Q) => Object.fromEntries(Object.entries(q).filter(([k, v]) => v !== undefined && k !== "format")) as Omit<Findings.ListQuery, "limit">
+
+/**
+ * Runs `findings <list|target|export>` against the database of `config`,
+ * writing to `out` (stdout) and `err` (stderr); returns the exit code.
+ */
+export const main = async (words: ReadonlyArray<string>, flags: ReadonlyMap<string, string>, config: ServerConfig.ServerConfig, out: (s: string) => void, err: (s: string) => void): Promise<number> => {
+  const [cmd, ...rest] = words
+  if (cmd === "list" && rest.length === 0) {
+    const q = parse(FindingsApi.ListQuery, flags, [...filterNames, "after", "limit"])
+    const page = await withFindings(config, (f) => f.list({ ...clean(q), limit: q.limit }))
+    out(Findings.toJsonLines(page.findings))
+    if (page.next !== null) err(`more: --after ${page.next}`)
+    return 0
+  }
+  if (cmd === "target" && rest.length === 2) {
+    const [source, identity] = rest
+    const q = FindingsApi.TargetQuery.safeParse({ source, identity })
+    if (!q.success) throw new FindingsUsageError(`findings target SOURCE IDENTITY: ${q.error.issues.map((i) => i.message).join("; ")}`)
+    const t = await withFindings(config, (f) => Effect.either(f.forTarget(q.data.source, q.data.identity)))
+    if (t._tag === "Left") {
+      err(t.left._tag === "NotFound" ? `no findings and no related scan for ${source}:${identity}` : t.left.message)
+      return 1
+    }
+    out(`${JSON.stringify({ findings: t.right.findings.map(Findings.view), events: t.right.events, scans: t.right.scans }, null, 2)}\n`)
+    return 0
+  }
+  if (cmd === "export" && rest.length === 0) {
+    const q = parse(FindingsApi.ExportQuery, flags, [...filterNames, "format"])
+    const all: Array<Findings.Finding> = []
+    await withFindings(config, (f) =>
+      Effect.gen(function* () {
+        let after = 0
+        for (;;) {
+          const page = yield* f.list({ ...clean(q), after, limit: 1000 })
+          all.push(...page.findings)
+          if (page.next === null) return
+          after = page.next
+        }
+      })
+    )
+    out(q.format === "sarif" ? `${JSON.stringify(Findings.toSarif(all, { name: "scanfleet", version: "2" }))}\n` : Findings.toJsonLines(all))
+    return 0
+  }
+  throw new FindingsUsageError(`unknown findings command: findings ${words.join(" ")}`)
+}

@@ -1,0 +1,131 @@
+import { HttpRouter, HttpServerResponse } from "@effect/platform"
+import { type Errors, type Findings, FindingStore, FindingsApi, Findings as Rules, type Store } from "@scanfleet/core"
+import { Effect, Option } from "effect"
+import type { z } from "zod"
+import { ApiError, fromNotFound, fromStoreError } from "./ApiError.js"
+import * as Auth from "./Auth.js"
+import * as FindingIntake from "./FindingIntake.js"
+import * as Request from "./internal/Request.js"
+import { Settings } from "./ServerConfig.js"
+import * as Webhooks from "./Webhooks.js"
+
+const ok = (body: unknown, status = 200) => HttpServerResponse.unsafeJson(body, { status })
+
+/** The most findings one export writes; past it the export says so in a trailer (JSON lines) or a run property (SARIF). */
+export const exportLimit = 100_000
+
+// A server composed over a bare Store (no FindingStore in its context) serves no findings, and says why.
+const findingStore = Effect.flatMap(Effect.serviceOption(FindingStore.FindingStore), (o) =>
+  Option.match(o, {
+    onNone: () => Effect.fail(new ApiError({ status: 501, error: "findings_unavailable", message: "this server's store keeps no findings (compose it with a FindingStore: Database.layer does)" })),
+    onSome: Effect.succeed
+  })
+)
+
+const storeOp = <A>(e: Effect.Effect<A, Errors.NotFound | Errors.StoreError>) =>
+  Effect.mapError(e, (err) => (err._tag === "NotFound" ? fromNotFound(err) : fromStoreError(err)))
+
+const filters = (q: z.output<typeof FindingsApi.ExportQuery>): Omit<Findings.ListQuery, "limit" | "after"> => ({
+  ...(q.source !== undefined ? { source: q.source } : {}),
+  ...(q.identity !== undefined ? { identity: q.identity } : {}),
+  ...(q.detector !== undefined ? { detector: q.detector } : {}),
+  ...(q.status !== undefined ? { status: q.status } : {}),
+  ...(q.verified !== undefined ? { verified: q.verified } : {}),
+  ...(q.since !== undefined ? { since: q.since } : {})
+})
+
+/** GET /v1/admin/findings: filtered, in id order, one keyset page. */
+const list = Effect.gen(function* () {
+  yield* Auth.admin({ cookie: true })
+  const q = yield* Request.query(FindingsApi.ListQuery)
+  const f = yield* findingStore
+  const page = yield* storeOp(f.list({ ...filters({ ...q, format: "jsonl" }), ...(q.after !== undefined ? { after: q.after } : {}), limit: q.limit }))
+  return ok({ findings: page.findings.map(Rules.view), next: page.next } satisfies z.infer<typeof FindingsApi.Page>)
+})
+
+/** GET /v1/admin/findings/target?source=&identity=: one target's findings, their history and its scans. */
+const target = Effect.gen(function* () {
+  yield* Auth.admin({ cookie: true })
+  const q = yield* Request.query(FindingsApi.TargetQuery)
+  const f = yield* findingStore
+  const t = yield* storeOp(f.forTarget(q.source, q.identity))
+  return ok({ findings: t.findings.map(Rules.view), events: [...t.events], scans: [...t.scans] } satisfies z.infer<typeof FindingsApi.TargetHistory>)
+})
+
+/** GET /v1/admin/findings/scans/:id: the summary of the scan a reservation delivered (zeros when it touched no finding). */
+const scan = Effect.gen(function* () {
+  yield* Auth.admin({ cookie: true })
+  const id = yield* Request.idParam("id")
+  const f = yield* findingStore
+  const s = yield* storeOp(f.scan(id))
+  return ok(s ?? { reservationId: id, new: 0, present: 0, resolved: 0, related: false })
+})
+
+/** Every finding matching the filters, page by page, up to the export limit. */
+const everything = (f: FindingStore.FindingStoreShape, q: Omit<Findings.ListQuery, "limit" | "after">) =>
+  Effect.gen(function* () {
+    const out: Array<Findings.Finding> = []
+    let after = 0
+    for (;;) {
+      const page = yield* storeOp(f.list({ ...q, after, limit: 1000 }))
+      out.push(...page.findings)
+      if (page.next === null || out.length >= exportLimit) return { findings: out.slice(0, exportLimit), truncated: page.next !== null && out.length >= exportLimit }
+      after = page.next
+    }
+  })
+
+/** GET /v1/admin/findings/export?format=jsonl|sarif: the filtered findings as JSON lines or a SARIF 2.1.0 log. */
+const exportRoute = Effect.gen(function* () {
+  yield* Auth.admin({ cookie: false })
+  const q = yield* Request.query(FindingsApi.ExportQuery)
+  const f = yield* findingStore
+  const { findings, truncated } = yield* everything(f, filters(q))
+  if (q.format === "sarif") {
+    const log = Rules.toSarif(findings, { name: "scanfleet", version: "2", informationUri: "https://github.com/scanfleet/scanfleet" })
+    if (truncated) Object.assign(log.runs[0], { properties: { truncatedAt: exportLimit } })
+    return HttpServerResponse.text(JSON.stringify(log), { contentType: "application/sarif+json" })
+  }
+  const trailer = truncated ? `${JSON.stringify({ truncatedAt: exportLimit })}\n` : ""
+  return HttpServerResponse.text(Rules.toJsonLines(findings) + trailer, { contentType: "application/x-ndjson" })
+})
+
+/** GET /v1/device/fleet-key: the key a device fingerprints secrets with (device token only). */
+const fleetKey = Effect.gen(function* () {
+  yield* Auth.device
+  const settings = yield* Settings
+  return ok(FindingIntake.fleetKey(settings) satisfies z.infer<typeof FindingsApi.FleetKey>)
+})
+
+const webhook = Effect.flatMap(Effect.serviceOption(Webhooks.Webhook), (o) =>
+  Option.match(o, {
+    onNone: () => Effect.fail(new ApiError({ status: 501, error: "webhook_unconfigured", message: "no webhook is configured (set webhookUrl and webhookSecret)" })),
+    onSome: Effect.succeed
+  })
+)
+
+/** GET /v1/admin/findings/webhook/dead-letters */
+const deadLetters = Effect.gen(function* () {
+  yield* Auth.admin({ cookie: false })
+  const w = yield* webhook
+  return ok({ subscriber: Webhooks.subscriber, deadLetters: [...(yield* Effect.mapError(w.deadLetters, fromStoreError))] })
+})
+
+/** POST /v1/admin/findings/webhook/dead-letters/:seq/redeliver */
+const redeliver = Effect.gen(function* () {
+  yield* Auth.admin({ cookie: false })
+  const seq = yield* Request.idParam("seq")
+  const w = yield* webhook
+  if (!(yield* Effect.mapError(w.redeliver(seq), fromStoreError))) return yield* Effect.fail(new ApiError({ status: 404, error: "not_found", message: `no dead letter at outbox position ${seq}` }))
+  return ok({ redelivering: seq }, 202)
+})
+
+/** The findings routes: admin reads and exports, and the device's fleet key. */
+export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Settings> = HttpRouter.empty.pipe(
+  HttpRouter.get("/v1/admin/findings", list),
+  HttpRouter.get("/v1/admin/findings/target", target),
+  HttpRouter.get("/v1/admin/findings/export", exportRoute),
+  HttpRouter.get("/v1/admin/findings/scans/:id", scan),
+  HttpRouter.get("/v1/admin/findings/webhook/dead-letters", deadLetters),
+  HttpRouter.post("/v1/admin/findings/webhook/dead-letters/:seq/redeliver", redeliver),
+  HttpRouter.get("/v1/device/fleet-key", fleetKey)
+)

@@ -1,0 +1,127 @@
+import { type Errors, type Findings, FindingStore } from "@scanfleet/core"
+import { Context, Duration, Effect, Layer, Option, Queue, Ref, Schedule } from "effect"
+import { createHmac, timingSafeEqual } from "node:crypto"
+import type { ServerConfig } from "./ServerConfig.js"
+
+/**
+ * Webhook delivery of the findings outbox. One subscriber reads the outbox in
+ * commit order from its stored position, POSTs each event signed with
+ * HMAC-SHA256, retries with exponential backoff and jitter, and moves its
+ * position only after the event was delivered or dead-lettered, so a crash or
+ * a receiver that is away loses nothing: at least once, in order per target
+ * (the whole outbox is delivered in order). An event that exhausts its tries
+ * goes to the dead-letter list, from which an operator can redeliver it.
+ */
+
+/** The header carrying the signature: `t=<unix ms>,v1=<hex HMAC-SHA256 of "<t>.<body>">`. */
+export const signatureHeader = "scanfleet-signature"
+/** The header carrying the event's outbox position (deduplicate on it: delivery is at least once). */
+export const eventHeader = "scanfleet-event"
+/** The subscriber name the webhook keeps its position and dead letters under. */
+export const subscriber = "webhook"
+
+/** Signs a body at a time. */
+export const sign = (secret: string, body: string, at: number): string => `t=${at},v1=${createHmac("sha256", secret).update(`${at}.${body}`).digest("hex")}`
+
+/**
+ * Verifies a signature header against the raw body: the HMAC matches (compared
+ * in constant time) and the timestamp is within `toleranceMs` of `now`, so a
+ * captured request cannot be replayed later.
+ */
+export const verify = (secret: string, body: string, header: string | undefined | null, now: number, toleranceMs = 5 * 60_000): boolean => {
+  const parts = Object.fromEntries((header ?? "").split(",").map((p) => p.split("=", 2) as [string, string]))
+  const at = Number(parts.t)
+  if (!Number.isSafeInteger(at) || Math.abs(now - at) > toleranceMs || typeof parts.v1 !== "string") return false
+  const want = Buffer.from(createHmac("sha256", secret).update(`${at}.${body}`).digest("hex"))
+  const got = Buffer.from(parts.v1)
+  return got.length === want.length && timingSafeEqual(got, want)
+}
+
+/** The webhook's controls, for the admin API. */
+export class Webhook extends Context.Tag("@scanfleet/server-example/Webhooks/Webhook")<
+  Webhook,
+  {
+    /** The events that exhausted their tries, oldest first. */
+    readonly deadLetters: Effect.Effect<ReadonlyArray<FindingStore.DeadLetter>, Errors.StoreError>
+    /** Takes a dead letter off the list and delivers it again with a fresh budget; false when there is no such letter. */
+    readonly redeliver: (seq: number) => Effect.Effect<boolean, Errors.StoreError>
+  }
+>() {}
+
+/** Webhook settings, from the server's configuration. */
+export type Settings = Pick<ServerConfig, "webhookUrl" | "webhookSecret" | "webhookMaxTries" | "webhookTimeoutMs" | "webhookBaseDelayMs" | "webhookMaxDelayMs" | "webhookPollMs">
+
+class DeliveryFailed extends Error {}
+
+/**
+ * The delivery loop as a scoped layer (nothing when no `webhookUrl` is set or
+ * the store keeps no findings). Releasing it interrupts the loop between
+ * attempts; the position it stored says where the next start resumes.
+ */
+export const layer = (settings: Settings): Layer.Layer<never> =>
+  Layer.scopedContext(
+    Effect.gen(function* () {
+      const found = yield* Effect.serviceOption(FindingStore.FindingStore)
+      // The controls are in the context only when a webhook runs; the admin routes look for them (serviceOption).
+      if (settings.webhookUrl === undefined || settings.webhookSecret === undefined || Option.isNone(found)) return Context.empty() as Context.Context<never>
+      const f = found.value
+      const url = settings.webhookUrl
+      const secret = settings.webhookSecret
+      const redeliveries = yield* Queue.unbounded<Findings.OutboxEvent>()
+
+      const post = (e: Findings.OutboxEvent, attempt: number) =>
+        Effect.tryPromise({
+          try: async (signal) => {
+            const body = JSON.stringify(e)
+            const res = await fetch(url, {
+              method: "POST",
+              headers: { "content-type": "application/json", [signatureHeader]: sign(secret, body, Date.now()), [eventHeader]: String(e.seq), "scanfleet-attempt": String(attempt) },
+              body,
+              signal: AbortSignal.any([signal, AbortSignal.timeout(settings.webhookTimeoutMs)])
+            })
+            await res.arrayBuffer().catch(() => undefined)
+            if (res.status < 200 || res.status > 299) throw new DeliveryFailed(`HTTP ${res.status}`)
+          },
+          catch: (cause) => (cause instanceof DeliveryFailed ? cause.message : cause instanceof Error && cause.name === "TimeoutError" ? `timed out after ${settings.webhookTimeoutMs} ms` : `unreachable: ${String((cause as Error)?.cause ?? cause)}`)
+        })
+
+      // Exponential from the base delay, jittered, capped, and bounded in tries.
+      const schedule = Schedule.exponential(Duration.millis(settings.webhookBaseDelayMs)).pipe(
+        Schedule.jittered,
+        Schedule.modifyDelay((_, d) => Duration.min(d, Duration.millis(settings.webhookMaxDelayMs))),
+        Schedule.intersect(Schedule.recurs(settings.webhookMaxTries - 1))
+      )
+
+      // One event: delivered, or dead-lettered with its last error after the tries ran out.
+      const deliver = (e: Findings.OutboxEvent) =>
+        Effect.gen(function* () {
+          const attempts = yield* Ref.make(0)
+          const r = yield* Effect.either(Effect.retry(Effect.flatMap(Ref.updateAndGet(attempts, (n) => n + 1), (n) => post(e, n)), schedule))
+          if (r._tag === "Left") {
+            const n = yield* Ref.get(attempts)
+            yield* f.deadLetter(subscriber, { seq: e.seq, attempts: n, lastError: r.left, at: Date.now() })
+            yield* Effect.logWarning("webhook event dead-lettered").pipe(Effect.annotateLogs({ seq: e.seq, attempts: n, error: r.left }))
+          }
+        })
+
+      const loop = Effect.gen(function* () {
+        const pos = yield* f.cursor(subscriber)
+        const evs = yield* f.outbox(pos, 50)
+        if (evs.length === 0) return yield* Effect.sleep(Duration.millis(settings.webhookPollMs))
+        for (const e of evs) {
+          yield* deliver(e)
+          yield* f.advance(subscriber, e.seq)
+        }
+      }).pipe(
+        // a store that cannot be read is waited for; the position it holds is where delivery resumes
+        Effect.catchAll((e) => Effect.zipRight(Effect.logWarning("webhook delivery paused", e), Effect.sleep(Duration.seconds(1)))),
+        Effect.forever
+      )
+      yield* Effect.forkScoped(loop)
+      yield* Effect.forkScoped(Effect.forever(Effect.flatMap(Queue.take(redeliveries), (e) => Effect.catchAll(deliver(e), (err) => Effect.logWarning("redelivery failed", err)))))
+      return Context.make(Webhook, {
+        deadLetters: f.deadLetters(subscriber),
+        redeliver: (seq) => Effect.flatMap(f.takeDeadLetter(subscriber, seq), (e) => (e === null ? Effect.succeed(false) : Effect.as(Queue.offer(redeliveries, e), true)))
+      }) as Context.Context<never>
+    })
+  )

@@ -1,0 +1,143 @@
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http"
+import type { AddressInfo, Socket } from "node:net"
+import { FindingStore, type Findings } from "@scanfleet/core"
+import { Effect, Layer, ManagedRuntime } from "effect"
+import { afterAll, describe, expect, it } from "vitest"
+import * as Database from "../src/Database.js"
+import * as ServerMod from "../src/Server.js"
+import * as ServerConfig from "../src/ServerConfig.js"
+import * as Webhooks from "../src/Webhooks.js"
+import { sqliteFile } from "./fixtures/Databases.js"
+import { adminToken, call } from "./fixtures/Harness.js"
+import { scan } from "./fixtures/Scans.js"
+
+const secret = "webhook-signing-secret-0123456789"
+const db = sqliteFile()
+afterAll(() => db.cleanup())
+
+interface Received {
+  readonly seq: number
+  readonly identity: string
+  readonly verified: boolean
+}
+
+/** A loopback receiver whose behaviour the test changes while events flow. */
+const receiver = async () => {
+  const received: Array<Received> = []
+  let mode: "ok" | "fail" | "hang" = "ok"
+  let failNext = 0
+  let hangNext = 0
+  const poison = new Set<string>(["poison/one"])
+  const sockets = new Set<Socket>()
+  const handler = (req: IncomingMessage, res: ServerResponse) => {
+    const chunks: Array<Buffer> = []
+    req.on("data", (c: Buffer) => chunks.push(c))
+    req.on("end", () => {
+      const body = Buffer.concat(chunks).toString("utf8")
+      const e = JSON.parse(body) as Findings.OutboxEvent
+      if (hangNext > 0) {
+        hangNext--
+        return // never answered: the sender's timeout fires
+      }
+      if (failNext > 0 || mode === "fail" || poison.has(e.scan.identity)) {
+        failNext = Math.max(0, failNext - 1)
+        res.writeHead(500).end("not now")
+        return
+      }
+      received.push({ seq: Number(req.headers[Webhooks.eventHeader]), identity: e.scan.identity, verified: Webhooks.verify(secret, body, req.headers[Webhooks.signatureHeader] as string, Date.now()) })
+      res.writeHead(204).end()
+    })
+  }
+  let server: Server = createServer(handler)
+  const track = (s: Server) => s.on("connection", (c: Socket) => (sockets.add(c), c.on("close", () => sockets.delete(c))))
+  track(server)
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r))
+  const port = (server.address() as AddressInfo).port
+  return {
+    url: `http://127.0.0.1:${port}/hook`,
+    received,
+    poison,
+    set: (m: typeof mode) => void (mode = m),
+    failTimes: (n: number) => void (failNext = n),
+    hangTimes: (n: number) => void (hangNext = n),
+    /** Stops listening (connections refused) and comes back on the same port after `ms`. */
+    disappear: async (ms: number) => {
+      for (const c of sockets) c.destroy()
+      await new Promise<void>((r) => server.close(() => r()))
+      await new Promise((r) => setTimeout(r, ms))
+      server = createServer(handler)
+      track(server)
+      await new Promise<void>((r) => server.listen(port, "127.0.0.1", r))
+    },
+    close: () => new Promise<void>((r) => (sockets.forEach((c) => c.destroy()), server.close(() => r())))
+  }
+}
+
+const until = async (what: string, ok: () => boolean | Promise<boolean>, ms = 30_000) => {
+  const end = Date.now() + ms
+  while (!(await ok())) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`)
+    await new Promise((r) => setTimeout(r, 25))
+  }
+}
+
+describe("findings webhooks", () => {
+  it("a receiver that fails, times out and disappears for a while: every event arrives at least once, in order per target, signatures verify, and the dead-letter list holds what exhausted its tries until it is redelivered", async () => {
+    const rx = await receiver()
+    const config = ServerConfig.make({
+      adminToken, host: "127.0.0.1", port: 0, logLevel: "none", databaseUrl: db.url,
+      webhookUrl: rx.url, webhookSecret: secret, webhookMaxTries: 8, webhookTimeoutMs: 300, webhookBaseDelayMs: 50, webhookMaxDelayMs: 400, webhookPollMs: 20
+    })
+    const rt = ManagedRuntime.make(ServerMod.layer(config).pipe(Layer.provideMerge(Database.layer(db.url))))
+    try {
+      const url = (await rt.runPromise(ServerMod.Info)).url
+      const t0 = Date.now()
+      rx.failTimes(2)
+      rx.hangTimes(1)
+      await rt.runPromise(scan("repo/a", ["a1", "a2"], t0))
+      await rt.runPromise(scan("repo/b", ["b1"], t0 + 1))
+      await rt.runPromise(scan("poison/one", ["p1"], t0 + 2))
+      await until("the first deliveries", () => rx.received.length >= 1)
+      const gone = rx.disappear(1200)
+      await rt.runPromise(scan("repo/a", ["a2", "a3"], t0 + 10_000))
+      await rt.runPromise(scan("repo/b", [], t0 + 10_001))
+      await rt.runPromise(scan("repo/a", ["a3"], t0 + 20_000))
+      await gone
+      await rt.runPromise(scan("repo/c", ["c1"], t0 + 20_001))
+      const all = await rt.runPromise(Effect.flatMap(FindingStore.FindingStore, (f) => f.outbox(0, 100)))
+      expect(all.length).toBe(7)
+      const expected = all.filter((e) => e.scan.identity !== "poison/one").map((e) => e.seq)
+      await until("every deliverable event", () => expected.every((seq) => rx.received.some((r) => r.seq === seq)))
+      expect(rx.received.every((r) => r.verified)).toBe(true)
+      for (const identity of ["repo/a", "repo/b", "repo/c"]) {
+        const firsts = [...new Set(rx.received.filter((r) => r.identity === identity).map((r) => r.seq))]
+        expect(firsts).toEqual(all.filter((e) => e.scan.identity === identity).map((e) => e.seq))
+      }
+      const poisonSeq = all.find((e) => e.scan.identity === "poison/one")!.seq
+      await until("the dead letter", async () => (await call(`${url}/v1/admin/findings/webhook/dead-letters`, adminToken, "GET")).body.deadLetters?.length === 1)
+      const dl = await call(`${url}/v1/admin/findings/webhook/dead-letters`, adminToken, "GET")
+      expect(dl.body.deadLetters).toEqual([expect.objectContaining({ seq: poisonSeq, attempts: 8, lastError: "HTTP 500" })])
+      expect(rx.received.some((r) => r.identity === "poison/one")).toBe(false)
+      // the receiver is fixed; an operator redelivers
+      rx.poison.clear()
+      const re = await call(`${url}/v1/admin/findings/webhook/dead-letters/${poisonSeq}/redeliver`, adminToken, "POST")
+      expect(re.status).toBe(202)
+      await until("the redelivered event", () => rx.received.some((r) => r.seq === poisonSeq))
+      expect((await call(`${url}/v1/admin/findings/webhook/dead-letters`, adminToken, "GET")).body.deadLetters).toEqual([])
+      expect((await call(`${url}/v1/admin/findings/webhook/dead-letters/${poisonSeq}/redeliver`, adminToken, "POST")).status).toBe(404)
+    } finally {
+      await rt.dispose()
+      await rx.close()
+    }
+  }, 60_000)
+
+  it("a signature verifies only with the secret, over the exact body, within the tolerance", () => {
+    const now = Date.now()
+    const h = Webhooks.sign(secret, '{"a":1}', now)
+    expect(Webhooks.verify(secret, '{"a":1}', h, now)).toBe(true)
+    expect(Webhooks.verify("another-secret-0123456789", '{"a":1}', h, now)).toBe(false)
+    expect(Webhooks.verify(secret, '{"a":2}', h, now)).toBe(false)
+    expect(Webhooks.verify(secret, '{"a":1}', h, now + 10 * 60_000)).toBe(false)
+    expect(Webhooks.verify(secret, '{"a":1}', undefined, now)).toBe(false)
+  })
+})

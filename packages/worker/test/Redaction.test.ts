@@ -1,0 +1,86 @@
+import { readdirSync, readFileSync } from "node:fs"
+import { mkdtempSync, rmSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { fileURLToPath } from "node:url"
+import { Findings } from "@scanfleet/core"
+import { describe, expect, it } from "@effect/vitest"
+import * as fc from "effect/FastCheck"
+import * as Redaction from "../src/Redaction.js"
+import * as Scanner from "../src/Scanner.js"
+import * as Supervisor from "../src/Supervisor.js"
+import * as Fleet from "./support/Fleet.js"
+
+const key = "ab".repeat(32)
+const truffle = (secret: string) => ({ DetectorName: "AWS", Raw: secret, RawV2: `${secret}/x`, SourceMetadata: { Data: { Git: { file: "a.env", line: 3, commit: "c1" } } }, Verified: true })
+
+describe("redaction at the device", () => {
+  it.prop("a redacted finding holds no declared secret value, and the server's check finds nothing left to refuse", [fc.stringMatching(/^[A-Za-z0-9+/]{12,48}$/)], ([secret]) => {
+    for (const [name, raw] of [
+      ["trufflehog", truffle(secret)],
+      ["gitleaks", { RuleID: "r", Secret: secret, Match: `k=${secret}`, File: "f", StartLine: 1 }],
+      ["secretlint", { ruleId: "r", message: `found ${secret}`, data: { TOKEN: secret }, filePath: "f", loc: { start: { line: 2 } } }]
+    ] as const) {
+      const r = Redaction.redact(key, name, Findings.fieldMaps[name], raw)
+      expect(JSON.stringify(r).includes(secret)).toBe(false)
+      expect(Findings.unredacted(r)).toEqual([])
+      expect(Findings.Reported.safeParse(r).success).toBe(true)
+    }
+  })
+
+  it("equal secrets fingerprint equally across calls and scanners; another key or secret gives another fingerprint; the field map finds detector, place and verified flag", () => {
+    const a = Redaction.redact(key, "trufflehog", Findings.fieldMaps.trufflehog, truffle("AKIAFAKE0000EXAMPLE1"))
+    const b = Redaction.redact(key, "trufflehog", Findings.fieldMaps.trufflehog, { ...truffle("AKIAFAKE0000EXAMPLE1"), SourceMetadata: { Data: { Git: { file: "b.env", line: 9 } } } })
+    expect(a.fingerprint).toBe(b.fingerprint)
+    expect(Redaction.redact("cd".repeat(32), "trufflehog", Findings.fieldMaps.trufflehog, truffle("AKIAFAKE0000EXAMPLE1")).fingerprint).not.toBe(a.fingerprint)
+    expect(Redaction.redact(key, "trufflehog", Findings.fieldMaps.trufflehog, truffle("AKIAFAKE0000EXAMPLE2")).fingerprint).not.toBe(a.fingerprint)
+    // trufflehog's fingerprint comes from RawV2; a secretlint finding of the same token matches a gitleaks one
+    const gl = Redaction.redact(key, "gitleaks", Findings.fieldMaps.gitleaks, { RuleID: "x", Secret: "tok_FAKE_123456789", Match: "t=tok_FAKE_123456789", File: "f" })
+    const sl = Redaction.redact(key, "secretlint", Findings.fieldMaps.secretlint, { ruleId: "y", message: "found tok_FAKE_123456789", data: { TOKEN: "tok_FAKE_123456789" }, filePath: "f" })
+    expect(sl.fingerprint).toBe(gl.fingerprint)
+    expect(a).toMatchObject({ scanner: "trufflehog", detector: "AWS", path: "a.env", line: 3, commit: "c1", verified: true, preview: "AKIA…(22)", secretFields: ["Raw", "RawV2"] })
+    // a command scanner declares its own fields, at any depth
+    const spec = Scanner.command({ name: "homegrown", command: "true", args: [], exitCodes: { "0": "clean" }, findings: { secretFields: ["apiToken"], detector: "kind", path: "where" } })
+    const own = Redaction.redact(key, spec.name, Redaction.fieldMapOf(spec), { kind: "token", where: "x.json", meta: [{ apiToken: "FAKEtoken123456" }] })
+    expect(JSON.stringify(own).includes("FAKEtoken123456")).toBe(false)
+    expect(own).toMatchObject({ detector: "token", path: "x.json", secretFields: ["apiToken"] })
+    // raw upload is opt-in
+    expect(Redaction.redact(key, "trufflehog", Findings.fieldMaps.trufflehog, truffle("AKIAFAKE0000EXAMPLE1")).raw).toBeUndefined()
+    expect(Redaction.redact(key, "trufflehog", Findings.fieldMaps.trufflehog, truffle("AKIAFAKE0000EXAMPLE1"), { rawUpload: true }).raw).toEqual({ Raw: "AKIAFAKE0000EXAMPLE1", RawV2: "AKIAFAKE0000EXAMPLE1/x" })
+  })
+
+  it("a real device: the scanner's secrets reach neither the server nor the device's own result queue", async () => {
+    const fleet = await Fleet.start({ scanSeconds: 20 })
+    const dir = mkdtempSync(join(tmpdir(), "scanfleet-redaction-"))
+    const secrets = ["PLANTEDdeviceAAAAAAAA1111", "PLANTEDdeviceBBBBBBBB2222"]
+    let device: Supervisor.Device | null = null
+    try {
+      await fleet.seed(["acme/planted"])
+      device = await Supervisor.start({
+        server: fleet.url,
+        token: fleet.token,
+        slots: 1,
+        scanner: Scanner.command({ name: "trufflehog", command: process.execPath, args: [fileURLToPath(new URL("./fixtures/planted-trufflehog.mjs", import.meta.url)), ...secrets], exitCodes: { "0": "clean", "183": "findings" }, stop: "SIGKILL" }),
+        state: join(dir, "state.db"),
+        workRoot: dir,
+        pollMs: 100,
+        onEvent: () => {}
+      })
+      const end = Date.now() + 30_000
+      let stored: Awaited<ReturnType<typeof fleet.findings>> = []
+      while (Date.now() < end && (stored = await fleet.findings()).length < 2) await new Promise((r) => setTimeout(r, 100))
+      expect(stored.map((f) => [f.detector, f.path])).toEqual([["AWS", "keys/0.env"], ["AWS", "keys/1.env"]])
+      expect(JSON.stringify(stored).includes("PLANTED")).toBe(false)
+      await device.stop()
+      device = null
+      // the state database, its WAL, and whatever the stage folder still holds
+      const files = readdirSync(dir, { recursive: true, withFileTypes: true }).filter((e) => e.isFile()).map((e) => join(e.parentPath, e.name))
+      expect(files.length).toBeGreaterThan(0)
+      for (const f of files) for (const s of secrets) expect(readFileSync(f).includes(Buffer.from(s)), `${f} holds ${s}`).toBe(false)
+    } finally {
+      await device?.stop()
+      await fleet.close()
+      rmSync(dir, { recursive: true, force: true })
+    }
+  }, 60_000)
+})
