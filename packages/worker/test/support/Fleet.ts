@@ -24,6 +24,10 @@ export interface Fleet {
   readonly timeline: (reservationId: number) => Promise<ReadonlyArray<{ seq: number; kind: string; phase: string; at: number; detail?: string; acceptedAt: number }>>
   /** The server's view of a reservation. */
   readonly assignment: (reservationId: number) => Promise<{ state: string; outcome: string | null; finalPhase: string | null; expiresAt: number; lastSeq: number }>
+  /** An operator cancels a reservation through the admin API. */
+  readonly cancel: (reservationId: number, reason: string) => Promise<void>
+  /** An operator revokes the device through the admin API. */
+  readonly revoke: (reason: string) => Promise<void>
   readonly close: () => Promise<void>
 }
 
@@ -39,8 +43,8 @@ export const start = async (opts: {
   const rt = ManagedRuntime.make(Server.layer(config).pipe(Layer.provide(opts.databaseUrl ? Database.layer(opts.databaseUrl, { poolSize: 4 }) : MemoryStore.layer)))
   const info = await rt.runPromise(Server.Info)
   const store = await rt.runPromise(Store.Store)
-  const admin = async (path: string, body: unknown) => {
-    const res = await fetch(info.url + path, { method: "POST", headers: { authorization: `Bearer ${adminToken}`, "content-type": "application/json" }, body: JSON.stringify(body) })
+  const admin = async (path: string, body: unknown, method = "POST") => {
+    const res = await fetch(info.url + path, { method, headers: { authorization: `Bearer ${adminToken}`, "content-type": "application/json" }, ...(body === undefined ? {} : { body: JSON.stringify(body) }) })
     const json = (await res.json()) as any
     if (res.status >= 300) throw new Error(`${path}: ${res.status} ${JSON.stringify(json)}`)
     return json
@@ -66,6 +70,8 @@ export const start = async (opts: {
     seed: (ids) => rt.runPromise(store.recordObservations(ids.map((identity) => ({ source: "github" as const, identity, remoteAt: null })), Date.now())).then(() => {}),
     timeline: (id) => rt.runPromise(store.timeline(id)) as any,
     assignment: (id) => rt.runPromise(store.getAssignment(id)),
+    cancel: (id, reason) => admin(`/v1/admin/assignments/${id}/cancel`, { reason }).then(() => {}),
+    revoke: (reason) => admin(`/v1/admin/devices/${dev.device.id}?${new URLSearchParams({ reason })}`, undefined, "DELETE").then(() => {}),
     close: () => rt.dispose()
   }
 }
