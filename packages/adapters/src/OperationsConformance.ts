@@ -196,7 +196,7 @@ export const operationsConformance = (name: string, make: MakeOperations, capabi
           expect((yield* o.listAudit({ limit: 10 })).map((e) => e.action)).toEqual(["cancel"])
         }))
 
-      test("devices are listed with their filter, last contact and active reservations; revocation ends those at once, fenced", (s, o) =>
+      test("devices are listed with their filter, last contact, containment level and active reservations; revocation ends those at once, fenced", (s, o) =>
         Effect.gen(function* () {
           const d1 = yield* s.addDevice({ name: "one", slots: 2, tokenHash: "h1", now: T0 })
           const d2 = yield* s.addDevice({ name: "two", slots: 1, tokenHash: "h2", now: T0 })
@@ -207,10 +207,11 @@ export const operationsConformance = (name: string, make: MakeOperations, capabi
           const f = yield* o.setDeviceSources(d2.id, ["gitlab"], who(T0))
           expect(f.sources).toEqual(["gitlab"])
           expect(yield* o.deviceFilters()).toEqual([{ deviceId: d2.id, sources: ["gitlab"] }])
+          yield* s.reportDevice(d1.id, { containment: "pid-namespace", now: T0 + 2 * MIN })
           const list = yield* o.listDevices()
-          expect(list.map((d) => [d.id, d.name, d.slots, d.sources, d.lastContactAt, d.active.map((x) => x.reservationId)])).toEqual([
-            [d1.id, "one", 2, null, T0 + 3 * MIN, [a.reservationId, b.reservationId]],
-            [d2.id, "two", 1, ["gitlab"], null, []]
+          expect(list.map((d) => [d.id, d.name, d.slots, d.sources, d.lastContactAt, d.containment, d.reportedAt, d.active.map((x) => x.reservationId)])).toEqual([
+            [d1.id, "one", 2, null, T0 + 3 * MIN, "pid-namespace", T0 + 2 * MIN, [a.reservationId, b.reservationId]],
+            [d2.id, "two", 1, ["gitlab"], null, null, null, []]
           ])
           const ended = yield* o.revokeDevice(d1.id, who(T0 + 4 * MIN, "lost laptop"))
           expect(ended.map((x) => [x.reservationId, x.state])).toEqual([

@@ -112,7 +112,7 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
   const devices = (where: Statement.Fragment) =>
     Effect.gen(function* () {
       const ds = yield* sql<Row>`
-        SELECT d.id, d.name, d.slots, d.created_at, d.revoked_at, s.sources AS only_sources,
+        SELECT d.id, d.name, d.slots, d.created_at, d.revoked_at, d.containment, d.reported_at, s.sources AS only_sources,
           (SELECT CASE WHEN count(*) = 0 THEN NULL ELSE ${greatest("max(a.issued_at)", "COALESCE(max(a.last_progress_at), 0)", "COALESCE(max(a.ended_at), 0)")} END
             FROM assignments a WHERE a.device_id = d.id) AS last_contact
         FROM devices d LEFT JOIN device_sources s ON s.device_id = d.id

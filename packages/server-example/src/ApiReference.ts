@@ -266,7 +266,7 @@ export const operations: ReadonlyArray<Endpoint> = [
     method: "GET",
     path: "/v1/admin/devices",
     auth: "admin",
-    summary: "Every device with its slots, claim filter, last contact (its newest claim, progress or result) and active reservations.",
+    summary: "Every device with its slots, claim filter, last contact (its newest claim, progress or result), active reservations and `containment`: the level its worker reported at registration (`pid-namespace`, `cgroup-v2`, `cgroup-v1-freezer` or `freeze-kill`; null before it registered), with `reportedAt`.",
     query: WorkerApi.EmptyQuery,
     response: { status: 200, schema: AdminApi.DeviceList }
   },
@@ -341,6 +341,13 @@ export const other: ReadonlyArray<Endpoint> = [
     response: { status: 200, note: "text/javascript or text/css; 404 for any other name" }
   },
   { method: "GET", path: "/console/sources", auth: "admin (bearer or cookie)", summary: "Each source's controls, with pause and resume forms.", response: { status: 200, note: "text/html" } },
+  {
+    method: "GET",
+    path: "/console/devices",
+    auth: "admin (bearer or cookie)",
+    summary: "Every device with its slots, the containment level its worker reported at registration (or `not reported yet`), last contact, active reservations, claim filter and state.",
+    response: { status: 200, note: "text/html" }
+  },
   {
     method: "POST",
     path: "/console/actions/:action",

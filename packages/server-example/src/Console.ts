@@ -41,7 +41,7 @@ eta.loadTemplate(
   "@layout",
   `<!doctype html><html lang="en"><head><meta charset="utf-8"><title><%= it.title %></title><style><%~ it.css %></style></head>
 <% if (it.scripts) { %><link rel="stylesheet" href="/assets/uplot.css"><% } %>
-<body><nav><a href="/">Dashboard</a><a href="/console/targets">Targets</a><a href="/console/sources">Sources</a><a href="/console/charts">Charts</a></nav>
+<body><nav><a href="/">Dashboard</a><a href="/console/targets">Targets</a><a href="/console/sources">Sources</a><a href="/console/devices">Devices</a><a href="/console/charts">Charts</a></nav>
 <h1><%= it.title %></h1>
 <% if (it.notice) { %><p class="<%= it.notice.kind %>" data-testid="notice"><%= it.notice.text %></p><% } %>
 <%~ it.body %>
@@ -105,6 +105,13 @@ eta.loadTemplate(
   "@sources",
   `<table data-testid="sources-table"><thead><tr><th>Source</th><th>State</th><th>Paused by, at, why</th><th>Action</th></tr></thead><tbody>
 <% for (const c of it.rows) { %><tr data-testid="source-<%= c.source %>"><td><%= c.source %></td><td data-testid="source-<%= c.source %>-state"><%= c.state %></td><td><%= c.who %></td><td><%~ include("@action", c.action) %></td></tr><% } %>
+</tbody></table>`
+)
+
+eta.loadTemplate(
+  "@devices",
+  `<table data-testid="devices-table"><thead><tr><th>Device</th><th>Name</th><th>Slots</th><th>Containment (reported at)</th><th>Last contact</th><th>Active reservations</th><th>Claims</th><th>State</th></tr></thead><tbody>
+<% for (const d of it.rows) { %><tr data-testid="device-<%= d.id %>"><td><%= d.id %></td><td><span class="id" title="<%= d.name %>"><%= d.name %></span></td><td><%= d.slots %></td><td><span data-testid="device-<%= d.id %>-containment"><%= d.containment %></span> (<%= d.reportedAt %>)</td><td><%= d.lastContact %></td><td data-testid="device-<%= d.id %>-active"><%= d.active %></td><td><%= d.sources %></td><td data-testid="device-<%= d.id %>-state"><%= d.state %></td></tr><% } %>
 </tbody></table>`
 )
 
@@ -324,6 +331,32 @@ const sources = Effect.gen(function* () {
   )
 }).pipe(Effect.catchTag("ApiError", (e) => Effect.succeed(errorPage(e))))
 
+/** GET /console/devices: every device with its slots, containment level (as its worker reported it), last contact and active reservations. */
+const devices = Effect.gen(function* () {
+  yield* session
+  const url = Url.parse((yield* HttpServerRequest.HttpServerRequest).url)
+  const ops = yield* Operations.Operations
+  const ds = yield* ops.listDevices().pipe(Effect.mapError(fromStoreError))
+  return page(
+    "Devices",
+    "@devices",
+    {
+      rows: ds.map((d) => ({
+        id: d.id,
+        name: d.name,
+        slots: d.slots,
+        containment: d.containment ?? "not reported yet",
+        reportedAt: iso(d.reportedAt),
+        lastContact: iso(d.lastContactAt),
+        active: d.active.length === 0 ? "none" : d.active.map((a) => `${a.reservationId} (slot ${a.slot})`).join(", "),
+        sources: d.sources === null ? "all sources" : d.sources.length === 0 ? "none (drained)" : d.sources.join(", "),
+        state: d.revokedAt === null ? "live" : `revoked ${iso(d.revokedAt)}`
+      }))
+    },
+    url
+  )
+}).pipe(Effect.catchTag("ApiError", (e) => Effect.succeed(errorPage(e))))
+
 const ActionForm = z.object({
   csrf: z.string(),
   back: z.string().regex(/^\/console\/[a-z]+(\?\S*)?$/, "must be a console page"),
@@ -468,6 +501,7 @@ export const router: HttpRouter.HttpRouter<ApiError, Operations.Operations | Con
   HttpRouter.get("/console/targets", targets),
   HttpRouter.get("/console/target", target),
   HttpRouter.get("/console/sources", sources),
+  HttpRouter.get("/console/devices", devices),
   HttpRouter.get("/console/charts", charts),
   HttpRouter.get("/assets/:name", assetRoute),
   HttpRouter.post("/console/actions/:action", action)

@@ -209,7 +209,7 @@ const dashboard = Effect.gen(function* () {
   const fleet = yield* store.fleet().pipe(Effect.mapError(fromStoreError))
   const findings = yield* FindingsPanel.render
   const activeViews = active.map((a) => Views.assignment(a, now, fleet.id)).sort((a, b) => (a.nextDeadline?.at ?? Infinity) - (b.nextDeadline?.at ?? Infinity))
-  const body = `<nav><a href="/console/targets" data-testid="nav-targets">Search targets</a><a href="/console/sources" data-testid="nav-sources">Pause or resume sources</a></nav><h1>scanfleet dashboard</h1>
+  const body = `<nav><a href="/console/targets" data-testid="nav-targets">Search targets</a><a href="/console/sources" data-testid="nav-sources">Pause or resume sources</a><a href="/console/devices" data-testid="nav-devices">Devices</a></nav><h1>scanfleet dashboard</h1>
 <p class="muted">Server time <span data-testid="server-now">${esc(iso(now))}</span>; refreshes every 5 s. Every assignment carries three deadlines, fixed at issuance and never renewed:
 the <b>${esc(Deadline.labels.scanDeadline)}</b> (the whole scan stage must end), the <b>${esc(Deadline.labels.uploadDeadline)}</b> (the result must be accepted),
 and the <b>${esc(Deadline.labels.expiresAt)}</b> (the server reclaims the target). The one that fires next is in bold.</p>

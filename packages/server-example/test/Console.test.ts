@@ -182,4 +182,23 @@ describe.skipIf(!haveChromium)("operator console in headless Chromium (SQLite fi
     expect(await page.getByTestId("source-gitlab-state").textContent()).toBe("running")
     await page.close()
   })
+
+  it("the device list shows each device's containment level as its worker reported it at registration, with its active reservations", async () => {
+    expect((await s.device(device.token, "POST", "/v1/device/register", { containment: "cgroup-v2" })).status).toBe(200)
+    const quiet = await s.addDevice("never-started", 1)
+    const page = await ctx.newPage()
+    await page.goto(`${s.url}/`)
+    await page.getByTestId("nav-devices").click()
+    expect(await page.getByTestId(`device-${device.id}-containment`).textContent()).toBe("cgroup-v2")
+    // The page lists what the admin API does (the earlier test cancelled the active assignment).
+    const listed = (await s.admin("GET", "/v1/admin/devices")).body.devices.find((d: any) => d.id === device.id)
+    expect(listed.containment).toBe("cgroup-v2")
+    expect(await page.getByTestId(`device-${device.id}-active`).textContent()).toBe(
+      listed.active.length === 0 ? "none" : listed.active.map((a: any) => `${a.reservationId} (slot ${a.slot})`).join(", ")
+    )
+    expect(await page.getByTestId(`device-${quiet.id}-containment`).textContent()).toBe("not reported yet")
+    expect(await page.getByTestId(`device-${quiet.id}-state`).textContent()).toBe("live")
+    await shot(page, "devices")
+    await page.close()
+  })
 })

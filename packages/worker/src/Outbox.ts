@@ -35,6 +35,8 @@ export interface Options {
   readonly onResult: (key: LocalState.Key, d: Delivered) => Effect.Effect<void, LocalState.StateError | LocalState.JournalRefused>
   /** Called on each failed attempt (for logs). */
   readonly onRetry?: (key: LocalState.Key | null, message: string) => void
+  /** Called when the server refuses a write of a reservation (its events or result), with the server's words, before the item is marked refused. */
+  readonly onRefused?: (key: LocalState.Key, refusal: { readonly status: number; readonly error: string; readonly message: string }) => Effect.Effect<void>
 }
 
 /** A running outbox. */
@@ -69,6 +71,8 @@ export const make = (opts: Options): Effect.Effect<Outbox, never, Scope.Scope> =
     const wake = yield* Queue.sliding<void>(1)
     const empty = yield* SubscriptionRef.make(false)
     const retry = (key: LocalState.Key | null, message: string) => Effect.sync(() => opts.onRetry?.(key, message))
+    const refused = (key: LocalState.Key, e: { readonly status: number; readonly error: string; readonly message: string }) =>
+      opts.onRefused ? opts.onRefused(key, { status: e.status, error: e.error, message: e.message }) : Effect.void
 
     // One pass over a reservation; fails when the server could not be reached.
     const flush = (key: LocalState.Key) =>
@@ -93,6 +97,7 @@ export const make = (opts: Options): Effect.Effect<Outbox, never, Scope.Scope> =
           if (sent._tag === "Left") {
             const e = sent.left
             if (e._tag === "ApiRefused") {
+              yield* refused(key, e)
               yield* state.markEvents(key, events.map((ev) => ev.seq), "refused", yield* Clock.currentTimeMillis, `${e.status} ${e.error}: ${e.message}`)
               continue
             }
@@ -123,6 +128,7 @@ export const make = (opts: Options): Effect.Effect<Outbox, never, Scope.Scope> =
         }
         const e = sent.left
         if (e._tag === "ApiRefused") {
+          yield* refused(key, e)
           const message = `${e.status} ${e.error}: ${e.message}`
           yield* state.markResult(key, "refused", message)
           return yield* opts.onResult(key, { kind: "refused", message })

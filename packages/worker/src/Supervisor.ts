@@ -1,5 +1,5 @@
 import { Deadline, PhaseModel, WorkerApi } from "@scanfleet/core"
-import { Cause, Clock, Context, Data, Deferred, Duration, Effect, Exit, FiberSet, Layer, ManagedRuntime, Option, Runtime, type Scope, Stream, SubscriptionRef } from "effect"
+import { Cause, Clock, Context, Data, Deferred, Duration, Effect, Exit, Fiber, FiberSet, Layer, ManagedRuntime, Option, Runtime, type Scope, Stream, SubscriptionRef } from "effect"
 import { existsSync } from "node:fs"
 import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
@@ -37,8 +37,11 @@ export type DeviceEvent =
       readonly fleetId: string
       readonly reservationId: number
       readonly at: number
-      /** How the scan stage ended; `unsupported` when the scanner has no command line for the target's source. */
-      readonly end: ExecutionUnit.End["kind"] | "unsupported"
+      /**
+       * How the scan stage ended; `unsupported` when the scanner has no command line for the target's source;
+       * `cancelled` when the server ended the reservation while it ran (an operator cancelled it, or revoked the device) and the unit was killed.
+       */
+      readonly end: ExecutionUnit.End["kind"] | "unsupported" | "cancelled"
       /** The local target-scan deadline of the assignment. */
       readonly scanDeadline: number
     }
@@ -65,6 +68,12 @@ export interface Options {
   readonly graceMs?: number
   /** Wait between claims when nothing is pending, milliseconds (default 1000). */
   readonly pollMs?: number
+  /**
+   * While a unit runs, how often the device asks the server whether it still holds the reservation,
+   * milliseconds (default 2000). A cancelled reservation, or one of a revoked device, has its unit
+   * killed at once, as at the deadline; a refused write does the same as soon as it is answered.
+   */
+  readonly watchMs?: number
   /** Where work directories are created (default the OS temp dir). */
   readonly workRoot?: string
   /** Time a clean shutdown waits for the outbox, milliseconds (default 3000). */
@@ -193,6 +202,7 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
     const permits = yield* Permits.makeEffect(opts.permits ?? opts.slots)
     const graceMs = opts.graceMs ?? 2000
     const pollMs = Duration.millis(opts.pollMs ?? 1000)
+    const watchMs = Duration.millis(opts.watchMs ?? 2000)
     const workRoot = opts.workRoot ?? tmpdir()
     const stageDir = `${opts.state}.stage`
     yield* Effect.promise(() => mkdir(stageDir, { recursive: true }))
@@ -240,10 +250,17 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
         yield* emit({ type: "delivered", ...k, delivered: d })
       })
 
+    // The running units, each with the way to kill it because the server no longer holds its reservation.
+    const running = new Map<string, (message: string) => void>()
+    const unitKey = (k: LocalState.Key) => `${k.fleetId}/${k.reservationId}`
+    const lose = (k: LocalState.Key, message: string) => Effect.sync(() => running.get(unitKey(k))?.(message))
+
     const outbox = yield* Outbox.make({
       state,
       client,
       fleet: fleetNow,
+      // A refused write of a running unit's reservation means the server ended it: no result of the unit can be accepted any more.
+      onRefused: (k, r) => (lost(r) ? lose(k, `${r.status} ${r.error}: ${r.message}`) : Effect.void),
       ...(opts.minBackoffMs !== undefined ? { minBackoffMs: opts.minBackoffMs } : {}),
       ...(opts.maxBackoffMs !== undefined ? { maxBackoffMs: opts.maxBackoffMs } : {}),
       onResult,
@@ -326,6 +343,50 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
     // Aborted first when the scope closes, so running units end (as "stopped") before their fibers are awaited.
     const stopUnits = new AbortController()
 
+    /**
+     * Asks the server, every `watchMs` while the unit runs, whether it still holds the
+     * reservation. One that ended there is probed with the release the device would send
+     * anyway: a release of an ended reservation can only be refused, and the refusal says
+     * why (`reservation_refused:cancelled` names who cancelled it and why).
+     */
+    const watch = (k: LocalState.Key, fence: number) =>
+      Effect.gen(function* () {
+        for (;;) {
+          yield* Effect.sleep(watchMs)
+          const seen = yield* Effect.either(client.get(k.reservationId))
+          if (seen._tag === "Left") {
+            if (seen.left._tag === "ApiRefused" && lost(seen.left)) return yield* lose(k, `${seen.left.status} ${seen.left.error}: ${seen.left.message}`)
+            // The outbox keeps retrying a 401 (the journal outlives a token change), but a unit whose device
+            // the server no longer knows (a revoked device's reservations ended with it) cannot deliver anything.
+            if (seen.left.status === 401)
+              return yield* lose(k, `401 unauthorized: the server no longer accepts this device's token (the device was revoked); its reservations ended with it`)
+            // Unreachable, or a refusal that says nothing of the reservation: the unit runs on and the device asks again.
+            yield* emit({ type: "retry", reservationId: k.reservationId, message: `watching the reservation: ${seen.left.message}` })
+            continue
+          }
+          if (seen.right.state === "active" && seen.right.fence === fence) continue
+          const probe = yield* Effect.either(client.release(k.reservationId, { fence }))
+          return yield* lose(
+            k,
+            probe._tag === "Left" && probe.left._tag === "ApiRefused"
+              ? `${probe.left.status} ${probe.left.error}: ${probe.left.message}`
+              : `the server ended reservation ${k.reservationId} (${seen.right.state})`
+          )
+        }
+      })
+
+    /** Ends an assignment the server ended while its unit ran: the terminal event stays local (the server refuses every write of it). */
+    const finishCancelled = (k: LocalState.Key, end: Extract<ExecutionUnit.End, { kind: "deadline" | "stopped" }>, message: string) =>
+      Effect.gen(function* () {
+        const detail =
+          `the server ended the reservation during ${end.phase}: ${message}; the unit was killed ` +
+          `(${end.signals.join(", ") || "it had already ended"}, containment ${end.level})` +
+          (end.survivors.length > 0 ? `; survivors: ${end.survivors.join(", ")}` : "")
+        yield* state.append(k, { kind: "phase", phase: "failed", at: yield* now, detail: detail.slice(0, 1000) }, "local")
+        yield* state.putAssignment({ ...(yield* mustGet(k)), status: "done", finalPhase: end.phase, note: message.slice(0, 1000) })
+        yield* emit({ type: "delivered", ...k, delivered: { kind: "refused", message } })
+      })
+
     const execute = (slot: number, view: WorkerApi.AssignmentView, askedAt: number) =>
       Effect.gen(function* () {
         const k: LocalState.Key = { fleetId: view.fleetId, reservationId: view.reservationId }
@@ -372,6 +433,18 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
           yield* emit({ type: "slot_freed", slot, ...k, at: yield* now, end: "unsupported", scanDeadline: deadlines.scan })
           return yield* finishThroughUpload(k, "unsupported", null, { findings: [], log: `the ${spec.name} scanner has no command line for ${view.target.source} targets` })
         }
+        // The unit stops when the device shuts down, or when the server no longer holds its reservation.
+        const unitStop = new AbortController()
+        const shutdown = () => unitStop.abort()
+        stopUnits.signal.addEventListener("abort", shutdown, { once: true })
+        if (stopUnits.signal.aborted) unitStop.abort()
+        let lostBecause: string | null = null
+        running.set(unitKey(k), (message) => {
+          if (lostBecause !== null) return
+          lostBecause = message
+          unitStop.abort()
+        })
+        const watcher = yield* Effect.forkDaemon(Effect.interruptible(watch(k, view.fence)))
         const end = yield* Effect.promise(() =>
           ExecutionUnit.run({
             job: {
@@ -388,13 +461,17 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
             graceMs,
             permits,
             containment: plan,
-            signal: stopUnits.signal,
+            signal: unitStop.signal,
             ...(opts.childPath !== undefined ? { childPath: opts.childPath } : {}),
             onSpawn: (runner) => runPromise(Effect.flatMap(mustGet(k), (a) => state.putAssignment({ ...a, runner }))),
             onPhase: (phase, at) =>
               runPromise(Effect.zipRight(state.append(k, { kind: "phase", phase, at, ...(phase === "preparing" ? { detail: starting } : {}) }), outbox.notify))
           })
         )
+        running.delete(unitKey(k))
+        stopUnits.signal.removeEventListener("abort", shutdown)
+        yield* Fiber.interrupt(watcher)
+        const cancelled = end.kind === "stopped" && lostBecause !== null ? { end, message: lostBecause as string } : null
         // The unit and everything it started are gone and its permit is back:
         // release its files and free the slot. The result is produced next,
         // before the slot claims again; a crash in between leaves an open
@@ -402,7 +479,8 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
         yield* Effect.promise(() => rm(workDir, { recursive: true, force: true }))
         yield* state.putAssignment({ ...(yield* mustGet(k)), runner: null, tmpDir: null })
         yield* state.putSlot({ slot, fleetId: null, reservationId: null, updatedAt: yield* now })
-        yield* emit({ type: "slot_freed", slot, ...k, at: yield* now, end: end.kind, scanDeadline: deadlines.scan })
+        yield* emit({ type: "slot_freed", slot, ...k, at: yield* now, end: cancelled ? "cancelled" : end.kind, scanDeadline: deadlines.scan })
+        if (cancelled) return yield* finishCancelled(k, cancelled.end, cancelled.message)
         switch (end.kind) {
           case "deadline":
             return yield* finishEarly(
@@ -599,6 +677,9 @@ export const start = async (opts: Options): Promise<Device> => {
     stop: () => rt.dispose()
   }
 }
+
+/** Whether a refusal means the server no longer holds the reservation for this device (it ended, was cancelled, or the device was revoked). */
+const lost = (r: { readonly status: number; readonly error: string }): boolean => r.status === 401 || r.error.startsWith("reservation_refused")
 
 /** Labels the three deadlines of an assignment by meaning, with time remaining at `now` (device clock). */
 export const describeDeadlines = (a: LocalState.AssignmentRecord, now: number) => {

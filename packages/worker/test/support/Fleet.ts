@@ -26,6 +26,10 @@ export interface Fleet {
   readonly assignment: (reservationId: number) => Promise<{ state: string; outcome: string | null; finalPhase: string | null; expiresAt: number; lastSeq: number }>
   /** Every finding the server stored. */
   readonly findings: () => Promise<ReadonlyArray<{ readonly detector: string; readonly path: string; readonly fingerprint: string; readonly preview: string; readonly details: unknown }>>
+  /** An operator cancels a reservation through the admin API. */
+  readonly cancel: (reservationId: number, reason: string) => Promise<void>
+  /** An operator revokes the device through the admin API. */
+  readonly revoke: (reason: string) => Promise<void>
   readonly close: () => Promise<void>
 }
 
@@ -41,8 +45,8 @@ export const start = async (opts: {
   const rt = ManagedRuntime.make(Server.layer(config).pipe(Layer.provideMerge(opts.databaseUrl ? Database.layer(opts.databaseUrl, { poolSize: 4 }) : FindingStore.layerMemory)))
   const info = await rt.runPromise(Server.Info)
   const store = await rt.runPromise(Store.Store)
-  const admin = async (path: string, body: unknown) => {
-    const res = await fetch(info.url + path, { method: "POST", headers: { authorization: `Bearer ${adminToken}`, "content-type": "application/json" }, body: JSON.stringify(body) })
+  const admin = async (path: string, body: unknown, method = "POST") => {
+    const res = await fetch(info.url + path, { method, headers: { authorization: `Bearer ${adminToken}`, "content-type": "application/json" }, ...(body === undefined ? {} : { body: JSON.stringify(body) }) })
     const json = (await res.json()) as any
     if (res.status >= 300) throw new Error(`${path}: ${res.status} ${JSON.stringify(json)}`)
     return json
@@ -69,6 +73,8 @@ export const start = async (opts: {
     timeline: (id) => rt.runPromise(store.timeline(id)) as any,
     assignment: (id) => rt.runPromise(store.getAssignment(id)),
     findings: () => rt.runPromise(Effect.flatMap(FindingStore.FindingStore, (f) => f.list({ limit: 10_000 }))).then((p) => p.findings),
+    cancel: (id, reason) => admin(`/v1/admin/assignments/${id}/cancel`, { reason }).then(() => {}),
+    revoke: (reason) => admin(`/v1/admin/devices/${dev.device.id}?${new URLSearchParams({ reason })}`, undefined, "DELETE").then(() => {}),
     close: () => rt.dispose()
   }
 }
