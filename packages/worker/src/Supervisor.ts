@@ -595,11 +595,7 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
      */
     const claimOnce = (slot: number) =>
       // The request itself is not interrupted: an assignment the server issued is run (or released), never dropped.
-      // No claim before the fleet key is known: whatever the device scans can be redacted.
-      Effect.tryPromise({ try: () => redactor.ready(), catch: (e) => (e instanceof Client.ApiUnreachable ? e : new Client.ApiUnreachable({ message: `fleet key: ${String(e)}` })) }).pipe(
-        Effect.zipRight(now),
-        Effect.flatMap((askedAt) => Effect.map(Effect.uninterruptible(client.claim(slot)), (view) => (view === null ? null : { view, askedAt })))
-      ).pipe(
+      Effect.flatMap(now, (askedAt) => Effect.map(Effect.uninterruptible(client.claim(slot)), (view) => (view === null ? null : { view, askedAt }))).pipe(
         Effect.tapError((e) => (e._tag === "ApiUnreachable" ? emit({ type: "retry", reservationId: 0, message: `claim for slot ${slot}: ${e.message}` }) : Effect.void)),
         Effect.retry({ schedule: reachBackoff, while: (e) => e._tag === "ApiUnreachable" }),
         Effect.catchAll((e) =>
@@ -629,6 +625,14 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
     yield* recover
     yield* Deferred.succeed(recovered, undefined)
     yield* Effect.forkScoped(register)
+    // The fleet key, fetched while the server is reachable, so the upload stage seldom waits for it
+    // (it does, retrying, when the key is still unknown: nothing leaves the device unredacted).
+    yield* Effect.forkScoped(
+      Effect.async<void>((resume, signal) => {
+        signal.addEventListener("abort", () => resume(Effect.void))
+        redactor.findings([]).then(() => resume(Effect.void), () => resume(Effect.void))
+      })
+    )
     const known = yield* state.slots
     for (let slot = 0; slot < opts.slots; slot++)
       if (!known.some((s) => s.slot === slot)) yield* state.putSlot({ slot, fleetId: null, reservationId: null, updatedAt: yield* now })
