@@ -1,5 +1,6 @@
 import { NodeHttpClient } from "@effect/platform-node"
-import { DockerHub, FakeSources, GitHub, GitLab, HuggingFace } from "@scanfleet/adapters"
+import { DockerHub, GitHub, GitLab, HuggingFace } from "@scanfleet/adapters"
+import * as FakeSources from "@scanfleet/adapters/testing/FakeSources"
 import { Config, Store } from "@scanfleet/core"
 import { Scanner, Supervisor } from "@scanfleet/worker"
 import { Effect, Layer, ManagedRuntime } from "effect"
