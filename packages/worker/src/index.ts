@@ -1,6 +1,7 @@
 /** @scanfleet/worker: the worker device, its hard scan-stage watchdog, journal, outbox and CLI. */
 export * as Cli from "./Cli.js"
 export * as Client from "./Client.js"
+export * as CommandLine from "./CommandLine.js"
 export * as ExecutionUnit from "./ExecutionUnit.js"
 export * as LocalState from "./LocalState.js"
 export * as Outbox from "./Outbox.js"
