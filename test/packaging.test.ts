@@ -179,6 +179,106 @@ describe("packaging", { timeout: 300_000 }, () => {
     expect(pkg.peerDependenciesMeta).toEqual({ vitest: { optional: true }, "@effect/vitest": { optional: true } })
   })
 
+  describe("the bins, run with npx from an installed tarball", () => {
+    // `npx` for the version and help (what a user types); the bin npm linked for the rest, which is
+    // what npx runs, without starting npm each time on a busy machine.
+    const server = (args: ReadonlyArray<string>, env: Record<string, string> = {}, npx = false) =>
+      npx
+        ? exec("npx", ["--no-install", "scanfleet-server", ...args], consumer("server-example"), { SCANFLEET_ADMIN_TOKEN: "", ...env })
+        : exec(join(consumer("server-example"), "node_modules", ".bin", "scanfleet-server"), args, consumer("server-example"), { SCANFLEET_ADMIN_TOKEN: "", ...env })
+    const worker = (args: ReadonlyArray<string>, npx = false) =>
+      npx
+        ? exec("npx", ["--no-install", "scanfleet-worker", ...args], consumer("worker"))
+        : exec(join(consumer("worker"), "node_modules", ".bin", "scanfleet-worker"), args, consumer("worker"))
+    const version = (p: Pkg) => manifest(p).version as string
+
+    it("--version prints the package version on stdout and exits 0", async () => {
+      for (const [r, p] of [[await server(["--version"], {}, true), "server-example"], [await worker(["--version"], true), "worker"]] as const) {
+        expect(r.code, r.stderr).toBe(0)
+        expect(r.stdout.trim()).toBe(version(p))
+        expect(r.stderr).toBe("")
+      }
+    })
+
+    it("--help and -h print the usage on stdout and exit 0; the help names each setting's environment variable", async () => {
+      for (const flag of ["--help", "-h"]) {
+        const r = await server([flag], {}, flag === "--help")
+        expect(r.code, r.stderr).toBe(0)
+        expect(r.stdout).toContain("serve")
+        expect(r.stdout).toContain("device add")
+        expect(r.stdout).not.toMatch(/\x1b\[/)
+        const w = await worker([flag])
+        expect(w.code, w.stderr).toBe(0)
+        expect(w.stdout).toContain("status")
+      }
+      const serve = await server(["serve", "--help"])
+      expect(serve.code).toBe(0)
+      for (const env of ["SCANFLEET_ADMIN_TOKEN", "SCANFLEET_DATABASE_URL", "SCANFLEET_PORT", "SCANFLEET_HOST", "SCANFLEET_LOG_FORMAT", "SCANFLEET_CONFIG"]) expect(serve.stdout).toContain(env)
+      const run = await worker(["run", "--help"])
+      for (const env of ["SCANFLEET_SERVER", "SCANFLEET_TOKEN", "SCANFLEET_SCANNER", "SCANFLEET_STATE"]) expect(run.stdout).toContain(env)
+    })
+
+    it("serve --prot 9091 is refused with exit 2 and a suggestion, and nothing listens", async () => {
+      const r = await server(["serve", "--prot", "9091"], { SCANFLEET_ADMIN_TOKEN: "0123456789abcdef0123" })
+      expect(r.code).toBe(2)
+      expect(r.stdout).toBe("")
+      expect(r.stderr).toContain("unknown option '--prot'")
+      expect(r.stderr).toContain("did you mean '--port'?")
+    })
+
+    it("a mistyped subcommand is refused with exit 2 and a suggestion", async () => {
+      const r = await server(["serv"])
+      expect(r.code).toBe(2)
+      expect(r.stderr).toContain("did you mean 'serve'?")
+      const d = await server(["device", "ad", "--name", "x"])
+      expect(d.code).toBe(2)
+      expect(d.stderr).toContain("did you mean 'add'?")
+      const w = await worker(["stauts"])
+      expect(w.code).toBe(2)
+      expect(w.stderr).toContain("did you mean 'status'?")
+    })
+
+    it("--database mysql://x is refused by scheme, and no file is created", async () => {
+      const dir = consumer("server-example")
+      const before = readdirSync(dir).sort()
+      const r = await server(["serve", "--database", "mysql://x"], { SCANFLEET_ADMIN_TOKEN: "0123456789abcdef0123" })
+      expect(r.code).toBe(2)
+      expect(r.stderr).toContain('unsupported database URL scheme "mysql:"')
+      expect(r.stderr).toContain("--database or SCANFLEET_DATABASE_URL")
+      const env = await server(["migrate"], { SCANFLEET_DATABASE_URL: "mysql://x" })
+      expect(env.code).toBe(2)
+      expect(env.stderr).toContain("mysql:")
+      expect(readdirSync(dir).sort()).toEqual(before)
+    })
+
+    it("serve without an admin token names --admin-token and SCANFLEET_ADMIN_TOKEN", async () => {
+      const r = await server(["serve"])
+      expect(r.code).toBe(2)
+      expect(r.stderr).toContain("adminToken (--admin-token or SCANFLEET_ADMIN_TOKEN): required")
+      const short = await server(["serve"], { SCANFLEET_ADMIN_TOKEN: "short" })
+      expect(short.code).toBe(2)
+      expect(short.stderr).toContain("at least 16 characters")
+    })
+
+    it("scanfleet-worker status --state missing.db refuses a missing state file and does not create it", async () => {
+      const dir = consumer("worker")
+      const r = await worker(["status", "--state", "missing.db"])
+      expect(r.code).toBe(1)
+      expect(r.stdout).toBe("")
+      expect(r.stderr).toContain("no state file at missing.db")
+      expect(existsSync(join(dir, "missing.db"))).toBe(false)
+      const h = await worker(["history", "--state", "missing.db"])
+      expect(h.code).toBe(1)
+      expect(existsSync(join(dir, "missing.db"))).toBe(false)
+    })
+
+    it("scanfleet-worker run without a server names --server and SCANFLEET_SERVER", async () => {
+      const r = await worker(["run", "--token", "t", "--scanner", "demo"])
+      expect(r.code).toBe(2)
+      expect(r.stderr).toContain("missing --server URL (or set SCANFLEET_SERVER)")
+    })
+  })
+
   it("core's namespaces work the same from both module systems", async () => {
     const code = `const { Promotion, Percentile } = M; console.log(Percentile.cont([10,20,30,40], 0.5), typeof Promotion.decide)`
     const esm = await run("node", ["--input-type=module", "-e", `const M = await import("@scanfleet/core"); ${code}`], consumer("core"))
