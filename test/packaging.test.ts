@@ -12,7 +12,8 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
  * packages, which are not on the registry, come from their tarballs through
  * `overrides`; everything else from the npm cache that `npm ci` filled), and
  * imported from ESM and CommonJS and type-checked with `skipLibCheck: false`.
- * The bins are then run as a user runs them: `npx` in that project.
+ * The bins are then run as a user runs them: `npx` in that project. This is
+ * the install that docs/getting-started.md shows from the registry.
  */
 
 const root = resolve(__dirname, "..")
