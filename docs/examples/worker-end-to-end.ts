@@ -16,7 +16,8 @@ await store((s) => s.recordObservations([{ source: "github", identity: "octo/app
 
 // Register a device (the admin API shows its token once), then run it with the runner module.
 const admin = { authorization: `Bearer ${config.adminToken}` }
-const { token } = await (await fetch(`${url}/v1/admin/devices`, { method: "POST", headers: admin, body: JSON.stringify({ name: "my-device", slots: 2 }) })).json()
+const res = await fetch(`${url}/v1/admin/devices`, { method: "POST", headers: admin, body: JSON.stringify({ name: "my-device", slots: 2 }) })
+const { token } = (await res.json()) as { token: string }
 const device = await Supervisor.start({
   server: url,
   token,
@@ -27,7 +28,8 @@ const device = await Supervisor.start({
 })
 
 // Wait until both targets are scanned, then stop the device and the server.
-const outcomes = async () => (await (await fetch(`${url}/v1/admin/assignments?limit=10`, { headers: admin })).json()).assignments as Array<{ target: { identity: string }; outcome: string | null }>
+type Listed = { assignments: Array<{ target: { identity: string }; outcome: string | null }> }
+const outcomes = async () => ((await (await fetch(`${url}/v1/admin/assignments?limit=10`, { headers: admin })).json()) as Listed).assignments
 for (let i = 0; i < 600 && (await outcomes()).filter((a) => a.outcome !== null).length < 2; i++) await new Promise((resolve) => setTimeout(resolve, 100))
 for (const a of await outcomes()) console.log(`${a.target.identity}: ${a.outcome}`)
 await device.stop()
