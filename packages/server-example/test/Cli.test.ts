@@ -1,4 +1,4 @@
-import { FakeSources } from "@scanfleet/adapters"
+import * as FakeSources from "@scanfleet/adapters/testing/FakeSources"
 import { Config } from "@scanfleet/core"
 import { writeFileSync } from "node:fs"
 import { request } from "node:http"
