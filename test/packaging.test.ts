@@ -92,11 +92,15 @@ describe("packaging", { timeout: 300_000 }, () => {
     for (const p of packages)
       if (!existsSync(join(root, "packages", p, "dist", "index.js")))
         throw new Error(`packages/${p}/dist is missing: npm test builds first (npm run build)`)
-    for (const p of packages) {
-      const out = await run("npm", ["pack", "--pack-destination", work, "--silent"], join(root, "packages", p))
-      tarball[p] = join(work, out.trim().split("\n").pop()!)
-    }
-    for (const p of packages) await install(p)
+    // Each pack writes its own tarball and each install its own directory (npm's cache is safe to
+    // share), so they run side by side: the event loop stays free and the wall time is the slowest one.
+    await Promise.all(
+      packages.map(async (p) => {
+        const out = await run("npm", ["pack", "--pack-destination", work, "--silent"], join(root, "packages", p))
+        tarball[p] = join(work, out.trim().split("\n").pop()!)
+      })
+    )
+    await Promise.all(packages.map(install))
   }, 600_000)
 
   afterAll(() => rmSync(work, { recursive: true, force: true }))
