@@ -9,6 +9,8 @@ export default defineConfig({
       "@scanfleet/core": src("core"),
       // listed before the package itself: the first alias whose prefix matches wins
       "@scanfleet/adapters/Conformance": fileURLToPath(new URL("./packages/adapters/src/Conformance.ts", import.meta.url)),
+      "@scanfleet/adapters/testing/FakeSources": fileURLToPath(new URL("./packages/adapters/src/testing/FakeSources.ts", import.meta.url)),
+      "@scanfleet/adapters/testing": fileURLToPath(new URL("./packages/adapters/src/testing.ts", import.meta.url)),
       "@scanfleet/adapters": src("adapters"),
       "@scanfleet/worker": src("worker"),
       "@scanfleet/server-example": src("server-example")

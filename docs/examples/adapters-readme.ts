@@ -1,5 +1,6 @@
 import { NodeHttpClient } from "@effect/platform-node"
-import { DiscoveryCycle, FakeSources, GitHub, SqliteStore } from "@scanfleet/adapters"
+import { DiscoveryCycle, GitHub, SqliteStore } from "@scanfleet/adapters"
+import * as FakeSources from "@scanfleet/adapters/testing/FakeSources"
 import { Config, Store } from "@scanfleet/core"
 import { Effect } from "effect"
 import { mkdtempSync } from "node:fs"

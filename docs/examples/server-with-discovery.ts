@@ -1,6 +1,7 @@
 // file: docs/examples/server-with-discovery.ts
 import { NodeHttpClient } from "@effect/platform-node"
-import { FakeSources, GitLab } from "@scanfleet/adapters"
+import { GitLab } from "@scanfleet/adapters"
+import * as FakeSources from "@scanfleet/adapters/testing/FakeSources"
 import { Database, Scheduler, Server, ServerConfig } from "@scanfleet/server-example"
 import { Effect, Layer, ManagedRuntime } from "effect"
 

@@ -1,5 +1,6 @@
 import { NodeHttpClient } from "@effect/platform-node"
-import { DiscoveryCycle, DockerHub, FakeSources, GitHub, GitLab, HuggingFace, PgStore, SourceClient, SqliteStore } from "@scanfleet/adapters"
+import { DiscoveryCycle, DockerHub, GitHub, GitLab, HuggingFace, PgStore, SourceClient, SqliteStore } from "@scanfleet/adapters"
+import * as FakeSources from "@scanfleet/adapters/testing/FakeSources"
 import { Config, type Discovery, type Source, Store } from "@scanfleet/core"
 import { Effect, Layer, ManagedRuntime, Redacted } from "effect"
 import fc from "fast-check"

@@ -1,5 +1,5 @@
 import { Clock, Console, Effect, type Either } from "effect"
-import { Discovery, Source, type Config, type Errors, type Store, type Target } from "@scanfleet/core"
+import { Discovery, LogLine as Log, Source, type Config, type Errors, type Store, type Target } from "@scanfleet/core"
 import type { Page, SourceClient, SourceError, SourceRecord } from "./sources/SourceClient.js"
 
 /** The settings of one cycle: its hard bounds and the managed configuration in force. */
@@ -11,9 +11,11 @@ export interface Settings {
   readonly promote?: Store.StoreShape["promote"]
 }
 
-/** The structured log line one cycle emits (also what the durable record holds). */
+/** The structured log line one cycle emits (also what the durable record holds), in the one log schema (`LogLine` of core). */
 export interface LogLine {
-  readonly event: "discovery_cycle"
+  readonly time: string
+  readonly level: "info" | "warning"
+  readonly message: "discovery_cycle"
   readonly source: Source.Source
   readonly cycleId: number
   readonly startedAt: string
@@ -38,7 +40,9 @@ const dedupe = (records: ReadonlyArray<SourceRecord>): Array<SourceRecord> => {
   return [...m.values()]
 }
 
-const line = (fields: Record<string, unknown>) => Console.log(JSON.stringify(fields))
+// JSON lines of the one log schema, whatever program runs the cycle; a cycle that ended in an error is a warning.
+const line = (message: string, level: Log.Level, fields: Record<string, unknown>) =>
+  Effect.flatMap(Clock.currentTimeMillis, (time) => Console.log(Log.format({ time, level, message, fields }, "json")))
 
 /**
  * Runs one bounded discovery cycle of one source: walks its listings page by
@@ -98,7 +102,7 @@ export const run = (
         const records = dedupe(page.records.slice(0, room))
         const bad = page.malformed.slice(0, Math.max(0, room - records.length))
         for (const m of bad)
-          yield* line({ event: "malformed_record", source, listing: client.listings[listing], identity: m.identity, reason: m.reason })
+          yield* line("malformed_record", "warning", { source, listing: client.listings[listing], identity: m.identity, reason: m.reason })
         malformed += bad.length
         results += records.length
         let known = 0
@@ -148,8 +152,10 @@ export const run = (
       stopReason,
       error
     })
-    const log: LogLine = {
-      event: "discovery_cycle",
+    const { time: _t, level: _l, message: _m, ...fields }: LogLine = {
+      time: "",
+      level: cycle.error === null ? "info" : "warning",
+      message: "discovery_cycle",
       source,
       cycleId: cycle.id,
       startedAt: new Date(cycle.startedAt).toISOString(),
@@ -163,6 +169,6 @@ export const run = (
       stop_reason: cycle.stopReason,
       error: cycle.error
     }
-    yield* line({ ...log })
+    yield* line("discovery_cycle", cycle.error === null ? "info" : "warning", fields)
     return cycle
   })

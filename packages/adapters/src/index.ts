@@ -1,7 +1,8 @@
 /** @scanfleet/adapters */
+export * as Database from "./Database.js"
 export * as DiscoveryCycle from "./DiscoveryCycle.js"
 export * as DockerHub from "./sources/DockerHub.js"
-export * as FakeSources from "./testing/FakeSources.js"
+export * as Fleet from "./Fleet.js"
 export * as GitHub from "./sources/GitHub.js"
 export * as GitLab from "./sources/GitLab.js"
 export * as HuggingFace from "./sources/HuggingFace.js"
@@ -13,3 +14,5 @@ export * as PgStore from "./PgStore.js"
 export * as SqlOperations from "./SqlOperations.js"
 export * as SqlFindingStore from "./SqlFindingStore.js"
 export * as SqliteStore from "./SqliteStore.js"
+/** The Promise API's entry point, at the root for programs that do not use Effect (also `Fleet.openFleet`). */
+export { openFleet } from "./Fleet.js"

@@ -1,4 +1,7 @@
+import { Args, Command, Options } from "@effect/cli"
 import { Source, Target } from "@scanfleet/core"
+import { CommandLine } from "@scanfleet/worker"
+import { Effect, Option } from "effect"
 import { readFileSync } from "node:fs"
 
 /** The usage text of the operator commands (they call a running server's admin API). */
@@ -169,3 +172,108 @@ export const run = async (words: ReadonlyArray<string>, flags: Map<string, strin
       throw new UsageError(`unknown command: ${words.join(" ")}`)
   }
 }
+
+// The operator commands as `scanfleet-server` subcommands. Each collects its flags into the same
+// map `run` reads, so the command line and the admin API calls have one implementation.
+
+const described = (name: string, what: string) => Options.text(name).pipe(Options.withDescription(what), Options.optional)
+
+const connection = {
+  server: described("server", "the running server's URL (env SCANFLEET_SERVER_URL, default http://127.0.0.1:8080); the admin token comes from SCANFLEET_ADMIN_TOKEN"),
+  actor: described("actor", "who is recorded in the audit log (env USER)")
+}
+const reasonOption = described("reason", "required: why, recorded in the audit log")
+const sourceOption = described("source", `the source: ${Source.sources.join(", ")}`)
+const identityOption = described("identity", "the target's identity within its source")
+const limitOption = described("limit", "how many entries")
+
+type Given = Record<string, Option.Option<string>>
+
+const invoke = (words: ReadonlyArray<string>, given: Given) =>
+  Effect.gen(function* () {
+    const flags = new Map<string, string>()
+    for (const [k, v] of Object.entries(given)) if (Option.isSome(v)) flags.set(k, v.value)
+    const code = yield* Effect.tryPromise({
+      try: () => run(words, flags, process.env),
+      catch: (e) => (e instanceof UsageError ? new CommandLine.UsageError({ message: e.message }) : new CommandLine.CommandFailed({ message: `failed: ${(e as Error).message}` }))
+    })
+    // The refusal (status, message, fields) is already on stderr.
+    if (code !== 0) return yield* new CommandLine.CommandFailed({ message: "the server refused the command", code: code ?? 1 })
+  })
+
+const plain = <const O extends Record<string, Options.Options<Option.Option<string>>>>(name: string, words: ReadonlyArray<string>, options: O, description: string) =>
+  Command.make(name, { ...connection, ...options }, (given) => invoke(words, given as unknown as Given)).pipe(Command.withDescription(description))
+
+const withArg = <const O extends Record<string, Options.Options<Option.Option<string>>>>(name: string, words: ReadonlyArray<string>, arg: string, options: O, description: string) =>
+  Command.make(name, { ...connection, ...options, arg: Args.text({ name: arg }) }, (all) => {
+    const { arg: value, ...given } = all as unknown as Given & { readonly arg: string }
+    return invoke([...words, value], given as Given)
+  }).pipe(
+    Command.withDescription(description)
+  )
+
+const targets = Command.make("targets").pipe(
+  Command.withDescription("find, add and redrive targets"),
+  Command.withSubcommands([
+    plain(
+      "add",
+      ["targets", "add"],
+      {
+        source: sourceOption,
+        identity: identityOption,
+        "remote-at": described("remote-at", "the target's remote change time (ISO)"),
+        file: described("file", 'a JSON lines file, one {"source","identity","remoteAt"?} object a line, instead of --source and --identity'),
+        reason: reasonOption
+      },
+      "add targets to the queue"
+    ),
+    plain(
+      "search",
+      ["targets", "search"],
+      {
+        source: sourceOption,
+        status: described("status", "only targets in this status"),
+        prefix: described("prefix", "only identities starting with this"),
+        "changed-since": described("changed-since", "only targets changed since (ISO or epoch ms)"),
+        after: described("after", "the `next` of the previous page"),
+        limit: limitOption
+      },
+      "search targets; pages in id order"
+    ),
+    plain("inspect", ["targets", "inspect"], { source: sourceOption, identity: identityOption, limit: limitOption }, "every lifecycle field of one target and its assignments"),
+    plain(
+      "requeue",
+      ["targets", "requeue"],
+      { source: sourceOption, identity: identityOption, status: described("status", "failed or unresolved: every such target of the source"), reason: reasonOption },
+      "return a target (or every failed/unresolved one of a source) to pending with fresh budgets"
+    )
+  ])
+)
+
+const assignments = Command.make("assignments").pipe(
+  Command.withDescription("act on assignments"),
+  Command.withSubcommands([withArg("cancel", ["assignments", "cancel"], "ID", { reason: reasonOption }, "end a reservation at once; its target returns to pending")])
+)
+
+const sources = Command.make("sources").pipe(
+  Command.withDescription("pause and resume sources"),
+  Command.withSubcommands([
+    plain("list", ["sources", "list"], {}, "each source, paused or not, by whom and why"),
+    withArg("pause", ["sources", "pause"], "SOURCE", { reason: reasonOption }, "stop claims and discovery of a source on every instance"),
+    withArg("resume", ["sources", "resume"], "SOURCE", { reason: reasonOption }, "resume a paused source")
+  ])
+)
+
+const devices = Command.make("devices").pipe(
+  Command.withDescription("list, limit and revoke devices"),
+  Command.withSubcommands([
+    plain("list", ["devices", "list"], {}, "each device with its slots, sources, active reservations and last contact"),
+    withArg("only", ["devices", "only"], "ID", { sources: described("sources", "S,S (a list), all, or none"), reason: reasonOption }, "limit the sources a device is given"),
+    withArg("revoke", ["devices", "revoke"], "ID", { reason: reasonOption }, "revoke a device: its token stops working, its reservations end")
+  ])
+)
+
+const audit = plain("audit", ["audit"], { limit: limitOption, before: described("before", "entries before this id") }, "the audit log, newest first")
+
+/** The operator subcommands of `scanfleet-server`. */
+export const commands = [targets, assignments, sources, devices, audit] as const

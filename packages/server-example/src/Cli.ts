@@ -1,188 +1,261 @@
-import { NodeHttpClient, NodeRuntime } from "@effect/platform-node"
-import { Config, Store } from "@scanfleet/core"
-import { Clock, Effect, Either, Layer } from "effect"
+import { Args, Command, Options } from "@effect/cli"
+import { NodeHttpClient } from "@effect/platform-node"
+import { Config as ManagedConfig, LogLine, Store } from "@scanfleet/core"
+import { CommandLine } from "@scanfleet/worker"
+import { Clock, Effect, Either, FiberRef, Layer, type LogLevel, Option, Redacted } from "effect"
 import { readFileSync } from "node:fs"
 import * as AdminCommands from "./AdminCommands.js"
+import pkg from "../package.json" with { type: "json" }
 import * as Database from "./Database.js"
 import * as FindingCli from "./FindingCli.js"
 import * as Scheduler from "./Scheduler.js"
 import * as Server from "./Server.js"
-import * as Sources from "./Sources.js"
 import * as ServerConfig from "./ServerConfig.js"
+import * as Sources from "./Sources.js"
 import * as Tokens from "./Tokens.js"
 
-/** The usage text of `scanfleet-server`. */
-export const usage = `scanfleet-server <command> [options]
+/**
+ * The `scanfleet-server` command: `serve`, `migrate`, `device add`,
+ * `config preview` and `config apply`, and the operator commands that call a
+ * running server's admin API (`targets`, `assignments`, `sources`, `devices`, `audit`), and
+ * `findings list`, `findings target` and `findings export`, which read the database. Every setting is a flag and an
+ * environment variable (both named in `--help`), over an optional JSON
+ * settings file.
+ */
 
-Commands:
-  serve                                  run the server (Worker API, admin API, dashboard, /metrics, expiry sweeper)
-  migrate                                bring the database schema up to date and exit
-  device add --name NAME [--slots N]     register a device; prints its token once
-  config preview FILE                    validate a managed configuration document; writes nothing
-  config apply FILE [--by NAME]          validate and store it as the next version
-${FindingCli.usage}
+type Field = keyof typeof ServerConfig.envVars extends infer K ? (K extends keyof typeof ServerConfig.envVars ? (typeof ServerConfig.envVars)[K] : never) : never
+const envOf = (field: Field): string => Object.entries(ServerConfig.envVars).find(([, f]) => f === field)![0]
+const described = <A>(o: Options.Options<A>, what: string, env: string) => o.pipe(Options.withDescription(`${what} (env ${env})`), Options.optional)
 
-Options:
-  --config FILE        JSON settings file (also SCANFLEET_CONFIG)
-  --database URL       sqlite:<path> (default sqlite:./scanfleet.db), postgres://..., or memory:
-  --host HOST          listen address (default 127.0.0.1)
-  --port PORT          listen port (default 8080; 0 picks a free one)
-  --sources FILE       serve: run discovery from this sources file (also SCANFLEET_SOURCES_FILE);
-                       tokens from GITHUB_TOKEN, GITLAB_TOKEN, HF_TOKEN, DOCKERHUB_USERNAME/DOCKERHUB_TOKEN
-
-Environment: SCANFLEET_DATABASE_URL, SCANFLEET_HOST, SCANFLEET_PORT, SCANFLEET_ADMIN_TOKEN,
-SCANFLEET_SWEEP_INTERVAL_MS, SCANFLEET_POOL_SIZE, SCANFLEET_PG_PREPARE (on|off), SCANFLEET_LOG_LEVEL.
-The admin token is required by serve.
-
-${AdminCommands.usage}`
-
-/** A command line that cannot be run as given. */
-export class UsageError extends Error {}
-
-/** Parsed `--flag value` pairs and positional words. */
-export const parseArgs = (argv: ReadonlyArray<string>): { readonly words: Array<string>; readonly flags: Map<string, string> } => {
-  const words: Array<string> = []
-  const flags = new Map<string, string>()
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i]
-    if (a === "--help" || a === "-h") flags.set("help", "true")
-    else if (a.startsWith("--")) {
-      const eq = a.indexOf("=")
-      if (eq > 0) flags.set(a.slice(2, eq), a.slice(eq + 1))
-      else {
-        const v = argv[i + 1]
-        if (v === undefined || v.startsWith("--")) throw new UsageError(`${a} needs a value`)
-        flags.set(a.slice(2), v)
-        i++
-      }
-    } else words.push(a)
-  }
-  return { words, flags }
+const common = {
+  config: described(Options.text("config"), "JSON settings file; environment variables and flags override it", "SCANFLEET_CONFIG"),
+  database: described(Options.text("database"), "sqlite:<path> or a path, postgres://… or postgresql://…, or memory: (default sqlite:./scanfleet.db)", envOf("databaseUrl")),
+  logFormat: described(Options.choice("log-format", LogLine.formats), "json lines, or pretty for people (default json)", envOf("logFormat"))
 }
 
-const settings = (flags: Map<string, string>, env: Record<string, string | undefined>, needAdminToken: boolean) => {
-  const overrides: Partial<ServerConfig.ServerConfigInput> = {}
-  if (flags.has("database")) overrides.databaseUrl = flags.get("database")!
-  if (flags.has("host")) overrides.host = flags.get("host")!
-  if (flags.has("port")) {
-    const p = Number(flags.get("port"))
-    if (!Number.isInteger(p)) throw new UsageError("--port must be an integer")
-    overrides.port = p
-  }
-  // Commands other than serve never check the admin token; a throwaway one satisfies the schema.
-  const e = needAdminToken || env.SCANFLEET_ADMIN_TOKEN ? env : { ...env, SCANFLEET_ADMIN_TOKEN: Tokens.generate() }
-  return ServerConfig.load({ file: flags.get("config"), env: e, overrides })
+const serveOptions = {
+  ...common,
+  host: described(Options.text("host"), "listen address (default 127.0.0.1)", envOf("host")),
+  port: described(Options.integer("port"), "listen port (default 8080; 0 picks a free one)", envOf("port")),
+  adminToken: described(Options.redacted("admin-token"), "required: bearer token of /v1/admin/* and the dashboard, at least 16 characters", envOf("adminToken")),
+  sweepIntervalMs: described(Options.integer("sweep-interval-ms"), "how often the expiry sweeper runs, ms (default 1000)", envOf("sweepIntervalMs")),
+  poolSize: described(Options.integer("pool-size"), "PostgreSQL connection pool size (default 10)", envOf("poolSize")),
+  pgPrepare: described(Options.choice("pg-prepare", ["on", "off"]), "PostgreSQL prepared hot statements; off behind a transaction pooler (default on)", envOf("pgPrepare")),
+  sources: described(
+    Options.text("sources"),
+    "run discovery from this sources file; tokens from GITHUB_TOKEN, GITLAB_TOKEN, HF_TOKEN, DOCKERHUB_USERNAME/DOCKERHUB_TOKEN",
+    "SCANFLEET_SOURCES_FILE"
+  )
 }
+
+interface Given {
+  readonly config: Option.Option<string>
+  readonly database: Option.Option<string>
+  readonly logFormat: Option.Option<LogLine.Format>
+  readonly host?: Option.Option<string>
+  readonly port?: Option.Option<number>
+  readonly adminToken?: Option.Option<Redacted.Redacted<string>>
+  readonly sweepIntervalMs?: Option.Option<number>
+  readonly poolSize?: Option.Option<number>
+  readonly pgPrepare?: Option.Option<"on" | "off">
+}
+
+const levels: Record<LogLevel.LogLevel["_tag"], ServerConfig.ServerConfig["logLevel"]> = {
+  All: "debug",
+  Trace: "debug",
+  Debug: "debug",
+  Info: "info",
+  Warning: "warning",
+  Error: "error",
+  Fatal: "error",
+  None: "none"
+}
+
+// Set by `main`: @effect/cli consumes its own --log-level flag before a handler runs.
+let explicitLogLevel = false
+
+/** The settings: the file, then `SCANFLEET_*`, then flags (and @effect/cli's `--log-level`). */
+const settings = (given: Given, env: Record<string, string | undefined>, needAdminToken: boolean) =>
+  Effect.gen(function* () {
+    const overrides: Partial<ServerConfig.ServerConfigInput> = {}
+    const pick = <A>(o: Option.Option<A> | undefined): A | undefined => (o === undefined ? undefined : Option.getOrUndefined(o))
+    const entries: Partial<ServerConfig.ServerConfigInput> = {
+      databaseUrl: pick(given.database),
+      logFormat: pick(given.logFormat),
+      host: pick(given.host),
+      port: pick(given.port),
+      sweepIntervalMs: pick(given.sweepIntervalMs),
+      poolSize: pick(given.poolSize),
+      adminToken: Option.getOrUndefined(Option.map(given.adminToken ?? Option.none(), Redacted.value)),
+      pgPrepare: Option.getOrUndefined(Option.map(given.pgPrepare ?? Option.none(), (v) => v === "on")),
+      logLevel: explicitLogLevel ? levels[(yield* FiberRef.get(FiberRef.currentMinimumLogLevel))._tag] : undefined
+    }
+    for (const [k, v] of Object.entries(entries)) if (v !== undefined) Object.assign(overrides, { [k]: v })
+    // Commands other than serve never check the admin token; a throwaway one satisfies the schema.
+    const e = needAdminToken || env.SCANFLEET_ADMIN_TOKEN ? env : { ...env, SCANFLEET_ADMIN_TOKEN: Tokens.generate() }
+    return yield* Effect.try({
+      try: () => ServerConfig.load({ file: Option.getOrUndefined(given.config), env: e, overrides }),
+      catch: (err) => (err instanceof ServerConfig.ServerConfigError ? new CommandLine.UsageError({ message: err.message }) : new CommandLine.CommandFailed({ message: String(err) }))
+    })
+  })
 
 const withStore = <A, E>(config: ServerConfig.ServerConfig, f: (store: Store.StoreShape) => Effect.Effect<A, E>) =>
   Effect.flatMap(Store.Store, f).pipe(Effect.provide(Database.layer(config.databaseUrl, { poolSize: config.poolSize, prepare: config.pgPrepare })))
 
-const readDocument = (file: string): unknown => {
-  const text = readFileSync(file, "utf8")
-  try {
-    return JSON.parse(text)
-  } catch (e) {
-    throw new UsageError(`${file} is not valid JSON: ${(e as Error).message}`)
-  }
+const readDocument = (file: string) =>
+  Effect.try({
+    try: (): unknown => JSON.parse(readFileSync(file, "utf8")),
+    catch: (e) => new CommandLine.UsageError({ message: `${file} is not a readable JSON document: ${(e as Error).message}` })
+  })
+
+const serve = Command.make("serve", serveOptions, (o) =>
+  Effect.gen(function* () {
+    const config = yield* settings(o, process.env, true)
+    const sourcesFile = Option.getOrUndefined(o.sources) ?? process.env.SCANFLEET_SOURCES_FILE
+    const server = Server.layer(config)
+    // With a sources file the scheduler runs beside the server and writes through its (counted) store.
+    const sourcesConfig = sourcesFile
+      ? yield* Effect.try({
+          try: () => Sources.load(sourcesFile),
+          catch: (e) => (e instanceof Sources.SourcesFileError ? new CommandLine.UsageError({ message: e.message }) : new CommandLine.CommandFailed({ message: String(e) }))
+        })
+      : undefined
+    const withDiscovery = sourcesConfig
+      ? Layer.unwrapEffect(
+          Effect.map(
+            Effect.try({
+              try: () => Sources.schedules(sourcesConfig, process.env),
+              catch: (e) => (e instanceof Sources.SourcesFileError ? new CommandLine.UsageError({ message: e.message }) : new CommandLine.CommandFailed({ message: String(e) }))
+            }).pipe(Effect.flatten),
+            (ss) => Scheduler.layer(ss, Sources.lease(sourcesConfig))
+          )
+        ).pipe(Layer.provide(NodeHttpClient.layerUndici), Layer.provideMerge(server))
+      : server
+    const live = withDiscovery.pipe(Layer.provide(Database.layer(config.databaseUrl, { poolSize: config.poolSize, prepare: config.pgPrepare })))
+    // Interrupted on SIGINT/SIGTERM (CommandLine.run): the listener stops, requests in flight finish, the pool closes.
+    yield* Layer.launch(live).pipe(Effect.tapErrorCause((c) => Effect.logError("server failed", c)), Effect.provide(Server.logger(config.logLevel, config.logFormat)))
+  })
+).pipe(Command.withDescription("run the server: Worker API, admin API, dashboard, /metrics and the expiry sweeper"))
+
+const migrate = Command.make("migrate", common, (o) =>
+  Effect.gen(function* () {
+    const config = yield* settings(o, process.env, false)
+    yield* withStore(config, () => Effect.void)
+    yield* CommandLine.print(`schema up to date: ${Database.redact(config.databaseUrl)}`)
+  })
+).pipe(Command.withDescription("bring the database schema up to date and exit"))
+
+const deviceAdd = Command.make(
+  "add",
+  {
+    ...common,
+    name: Options.text("name").pipe(Options.withDescription("the device's name")),
+    slots: Options.integer("slots").pipe(Options.withDescription("how many assignments it runs at once, 1 to 1024"), Options.withDefault(1))
+  },
+  (o) =>
+    Effect.gen(function* () {
+      const config = yield* settings(o, process.env, false)
+      if (!Number.isInteger(o.slots) || o.slots < 1 || o.slots > 1024) return yield* new CommandLine.UsageError({ message: "--slots must be an integer from 1 to 1024" })
+      const token = Tokens.generate()
+      const d = yield* withStore(config, (store) => Effect.flatMap(Clock.currentTimeMillis, (now) => store.addDevice({ name: o.name, slots: o.slots, tokenHash: Tokens.hash(token), now })))
+      yield* CommandLine.printError(`device ${d.id} "${d.name}" registered with ${d.slots} slot(s). Its token is shown once; store it now:`)
+      yield* CommandLine.print(token)
+    })
+).pipe(Command.withDescription("register a device; prints its token once"))
+
+const device = Command.make("device").pipe(Command.withDescription("manage worker devices"), Command.withSubcommands([deviceAdd]))
+
+const file = Args.text({ name: "FILE" }).pipe(Args.withDescription("a managed configuration document (JSON)"))
+
+/** Validates a managed configuration document; prints the violations and fails (exit 1) when it is invalid. */
+const validated = (path: string) =>
+  Effect.flatMap(readDocument(path), (doc) => {
+    const r = ManagedConfig.preview(doc)
+    if (Either.isRight(r)) return Effect.succeed(r.right)
+    const vs = r.left
+    return Effect.zipRight(
+      Effect.forEach([`invalid configuration (${vs.length} violation${vs.length === 1 ? "" : "s"}); nothing was stored:`, ...vs.map((v) => `  ${v.path.join(".") || "(root)"}: ${v.message}`)], CommandLine.printError),
+      Effect.fail(new CommandLine.CommandFailed({ message: `${path} is not a valid configuration` }))
+    )
+  })
+
+const preview = Command.make("preview", { file }, ({ file }) =>
+  Effect.gen(function* () {
+    const doc = yield* validated(file)
+    yield* CommandLine.print(`valid. Effective assignment policy per source (nothing was written):`)
+    for (const p of (["github", "gitlab", "huggingface", "dockerhub"] as const).map((s) => ManagedConfig.effectivePolicy(doc, s)))
+      yield* CommandLine.print(`  ${p.source}: TTL ${p.ttlSeconds} s (${p.origin}), scan ${p.scanTimeoutSeconds} s, upload ${p.uploadTimeoutSeconds} s, margin ${p.handoffMarginSeconds} s`)
+  })
+).pipe(Command.withDescription("validate a managed configuration document; writes nothing"))
+
+const apply = Command.make(
+  "apply",
+  { ...common, file, by: described(Options.text("by"), "who applies it (default $USER)", "USER") },
+  (o) =>
+    Effect.gen(function* () {
+      const doc = yield* validated(o.file)
+      const config = yield* settings(o, process.env, false)
+      const by = Option.getOrElse(o.by, () => process.env.USER ?? "cli")
+      const v = yield* withStore(config, (store) => Effect.flatMap(Clock.currentTimeMillis, (now) => store.applyConfig(doc, by, now)))
+      yield* CommandLine.print(`applied as version ${v.version} by ${v.appliedBy}`)
+    })
+).pipe(Command.withDescription("validate a managed configuration document and store it as the next version"))
+
+const config = Command.make("config").pipe(Command.withDescription("the managed runtime configuration"), Command.withSubcommands([preview, apply]))
+
+// `findings …` reads the database directly (like migrate); its flags are collected into the map
+// FindingCli.main reads, so the command line and the queries have one implementation.
+const optional = (name: string, what: string) => Options.text(name).pipe(Options.withDescription(what), Options.optional)
+const findingFilters = {
+  source: optional("source", "only findings of this source"),
+  identity: optional("identity", "only findings of this target identity"),
+  detector: optional("detector", "only findings of this detector"),
+  status: optional("status", "new, open or resolved"),
+  verified: optional("verified", "true or false"),
+  since: optional("since", "only findings seen since (ISO time)")
 }
 
-const printViolations = (vs: ReadonlyArray<Config.Violation>) => {
-  console.error(`invalid configuration (${vs.length} violation${vs.length === 1 ? "" : "s"}); nothing was stored:`)
-  for (const v of vs) console.error(`  ${v.path.join(".") || "(root)"}: ${v.message}`)
-}
+const findingsRun = (words: ReadonlyArray<string>, given: Record<string, unknown>) =>
+  Effect.gen(function* () {
+    const config = yield* settings(given as unknown as Given, process.env, false)
+    const flags = new Map<string, string>()
+    for (const [k, v] of Object.entries(given)) if (k in findingFilters || k === "after" || k === "limit" || k === "format") if (Option.isOption(v) && Option.isSome(v)) flags.set(k, String(v.value))
+    const code = yield* Effect.tryPromise({
+      try: () => FindingCli.main(words, flags, config, (t) => process.stdout.write(t), (t) => process.stderr.write(`${t}\n`)),
+      catch: (e) => (e instanceof FindingCli.FindingsUsageError ? new CommandLine.UsageError({ message: e.message }) : new CommandLine.CommandFailed({ message: `failed: ${(e as Error).message}` }))
+    })
+    if (code !== 0) return yield* new CommandLine.CommandFailed({ message: "no such findings", code })
+  })
+
+const findings = Command.make("findings").pipe(
+  Command.withDescription("the findings the fleet reported (redacted; read from the database)"),
+  Command.withSubcommands([
+    Command.make("list", { ...common, ...findingFilters, after: optional("after", "the cursor printed after the previous page"), limit: optional("limit", "how many, 1 to 1000") }, (o) =>
+      findingsRun(["list"], o)
+    ).pipe(Command.withDescription("findings as JSON lines, in id order; the next page's cursor on stderr")),
+    Command.make("target", { ...common, source: Args.text({ name: "SOURCE" }), identity: Args.text({ name: "IDENTITY" }) }, ({ source, identity, ...o }) =>
+      findingsRun(["target", source, identity], o)
+    ).pipe(Command.withDescription("one target's findings, their history and its scans (JSON)")),
+    Command.make("export", { ...common, ...findingFilters, format: Options.choice("format", ["jsonl", "sarif"]).pipe(Options.withDescription("JSON lines or a SARIF 2.1.0 log (default jsonl)"), Options.optional) }, (o) =>
+      findingsRun(["export"], o)
+    ).pipe(Command.withDescription("every matching finding as JSON lines or a SARIF 2.1.0 log"))
+  ])
+)
+
+// The command tree.
+const command = Command.make("scanfleet-server").pipe(
+  Command.withDescription("the example scanfleet server"),
+  Command.withSubcommands([serve, migrate, device, config, findings, ...AdminCommands.commands])
+)
+
+/** The version the command reports. */
+export const version: string = pkg.version
 
 /**
- * Runs one command line. `serve` runs until SIGINT or SIGTERM, then shuts
- * down gracefully; the other commands resolve with the process exit code.
+ * Runs one command line and resolves with the process exit code. `serve`
+ * runs until SIGINT or SIGTERM, then shuts down gracefully and resolves 0.
  */
-export const main = async (argv: ReadonlyArray<string>, env: Record<string, string | undefined> = process.env): Promise<number> => {
-  let parsed: ReturnType<typeof parseArgs>
-  try {
-    parsed = parseArgs(argv)
-  } catch (e) {
-    console.error(`${(e as Error).message}\n\n${usage}`)
-    return 2
-  }
-  const { words, flags } = parsed
-  if (flags.has("help") || words.length === 0) {
-    console.log(usage)
-    return words.length === 0 && !flags.has("help") ? 2 : 0
-  }
-  try {
-    const cmd = words.join(" ")
-    if (words[0] === "serve") {
-      const config = settings(flags, env, true)
-      const sourcesFile = flags.get("sources") ?? env.SCANFLEET_SOURCES_FILE
-      const server = Server.layer(config)
-      const sources = sourcesFile ? Sources.load(sourcesFile) : undefined
-      // With a sources file the scheduler runs beside the server and writes through its (counted) store.
-      const withDiscovery = sources
-        ? Layer.unwrapEffect(Effect.map(Sources.schedules(sources, env), (ss) => Scheduler.layer(ss, Sources.lease(sources)))).pipe(
-            Layer.provide(NodeHttpClient.layerUndici),
-            Layer.provideMerge(server)
-          )
-        : server
-      const live = withDiscovery.pipe(Layer.provide(Database.layer(config.databaseUrl, { poolSize: config.poolSize, prepare: config.pgPrepare })))
-      // runMain interrupts on SIGINT/SIGTERM: the listener stops, requests in flight finish, the pool closes.
-      NodeRuntime.runMain(Layer.launch(live).pipe(Effect.tapErrorCause((c) => Effect.logError("server failed", c)), Effect.provide(Server.logger(config.logLevel))), {
-        disableErrorReporting: true,
-        disablePrettyLogger: true
-      })
-      return await new Promise<number>(() => {})
-    }
-    if (words[0] === "findings") return await FindingCli.main(words.slice(1), flags, settings(flags, env, false), (t) => process.stdout.write(t), (t) => console.error(t))
-    if (cmd === "migrate") {
-      const config = settings(flags, env, false)
-      await Effect.runPromise(withStore(config, () => Effect.void))
-      console.log(`schema up to date: ${Database.redact(config.databaseUrl)}`)
-      return 0
-    }
-    if (cmd === "device add") {
-      const config = settings(flags, env, false)
-      const name = flags.get("name")
-      const slots = Number(flags.get("slots") ?? "1")
-      if (!name) throw new UsageError("device add needs --name NAME")
-      if (!Number.isInteger(slots) || slots < 1 || slots > 1024) throw new UsageError("--slots must be an integer from 1 to 1024")
-      const token = Tokens.generate()
-      const d = await Effect.runPromise(
-        withStore(config, (store) => Effect.flatMap(Clock.currentTimeMillis, (now) => store.addDevice({ name, slots, tokenHash: Tokens.hash(token), now })))
-      )
-      console.error(`device ${d.id} "${d.name}" registered with ${d.slots} slot(s). Its token is shown once; store it now:`)
-      console.log(token)
-      return 0
-    }
-    if (words[0] === "config" && (words[1] === "preview" || words[1] === "apply") && words.length === 3) {
-      const doc = readDocument(words[2])
-      const r = Config.preview(doc)
-      if (Either.isLeft(r)) {
-        printViolations(r.left)
-        return 1
-      }
-      if (words[1] === "preview") {
-        console.log(`valid. Effective assignment policy per source (nothing was written):`)
-        for (const p of (["github", "gitlab", "huggingface", "dockerhub"] as const).map((s) => Config.effectivePolicy(r.right, s)))
-          console.log(`  ${p.source}: TTL ${p.ttlSeconds} s (${p.origin}), scan ${p.scanTimeoutSeconds} s, upload ${p.uploadTimeoutSeconds} s, margin ${p.handoffMarginSeconds} s`)
-        return 0
-      }
-      const config = settings(flags, env, false)
-      const by = flags.get("by") ?? env.USER ?? "cli"
-      const v = await Effect.runPromise(withStore(config, (store) => Effect.flatMap(Clock.currentTimeMillis, (now) => store.applyConfig(r.right, by, now))))
-      console.log(`applied as version ${v.version} by ${v.appliedBy}`)
-      return 0
-    }
-    const operator = await AdminCommands.run(words, flags, env)
-    if (operator !== null) return operator
-    throw new UsageError(`unknown command: ${cmd}`)
-  } catch (e) {
-    if (e instanceof UsageError || e instanceof AdminCommands.UsageError || e instanceof FindingCli.FindingsUsageError) {
-      console.error(`${e.message}\n\n${usage}`)
-      return 2
-    }
-    if (e instanceof ServerConfig.ServerConfigError || e instanceof Sources.SourcesFileError) {
-      console.error(e.message)
-      return 2
-    }
-    console.error(`failed: ${e instanceof Error ? e.message : String(e)}`)
-    return 1
-  }
+export const main = (argv: ReadonlyArray<string>, io: CommandLine.Io = CommandLine.processIo): Promise<number> => {
+  explicitLogLevel = argv.some((a) => a === "--log-level" || a.startsWith("--log-level="))
+  return CommandLine.run({ name: "scanfleet-server", version, command }, argv, io)
 }

@@ -1,26 +1,21 @@
-import { PgStore, SqliteStore } from "@scanfleet/adapters"
-import { type Errors, FindingStore, type Operations, type Store } from "@scanfleet/core"
-import { Layer, Redacted } from "effect"
-import { mkdirSync } from "node:fs"
-import { dirname, resolve } from "node:path"
+import { Database } from "@scanfleet/adapters"
+import type { Errors, FindingStore, Operations, Store } from "@scanfleet/core"
+import type { Layer } from "effect"
+
+// The database URL rules live in @scanfleet/adapters (the Promise API reads the same URLs);
+// the server keeps its own names for them.
 
 /** Which backend a database URL names. */
-export type Backend = { readonly _tag: "memory" } | { readonly _tag: "sqlite"; readonly filename: string } | { readonly _tag: "postgres"; readonly url: string }
+export type Backend = Database.Backend
 
-/**
- * Reads a database URL: `postgres://…` or `postgresql://…` is PostgreSQL;
- * `memory:` keeps everything in this process; `sqlite:<path>`, `file:<path>`
- * or a plain path is a SQLite file.
- */
-export const parse = (url: string): Backend => {
-  if (/^postgres(ql)?:\/\//i.test(url)) return { _tag: "postgres", url }
-  if (url === "memory:" || url === ":memory:") return { _tag: "memory" }
-  const path = url.replace(/^(sqlite|file):(\/\/)?/i, "")
-  return { _tag: "sqlite", filename: resolve(path) }
-}
+/** Reads a database URL; throws `DatabaseUrlError` for a scheme scanfleet has no backend for. */
+export const parse: (url: string) => Backend = Database.parse
+
+/** Why a database URL is refused, or `null`. */
+export const check: (url: string) => Database.DatabaseUrlError | null = Database.check
 
 /** The URL with any password hidden, for logs. */
-export const redact = (url: string): string => url.replace(/\/\/([^:/@]+):[^@/]*@/, "//$1:***@")
+export const redact: (url: string) => string = Database.redact
 
 /**
  * The Store a database URL names, with its operator port and its FindingStore, migrated to the latest schema. Releasing
@@ -29,17 +24,4 @@ export const redact = (url: string): string => url.replace(/\/\/([^:/@]+):[^@/]*
  * @example
  * const StoreLive = Database.layer("sqlite:./data/scanfleet.db", { poolSize: 10 })
  */
-export const layer = (url: string, opts: { readonly poolSize?: number; readonly prepare?: boolean } = {}): Layer.Layer<Store.Store | Operations.Operations | FindingStore.FindingStore, Errors.StoreError> => {
-  const b = parse(url)
-  switch (b._tag) {
-    case "memory":
-      return FindingStore.layerMemory
-    case "postgres":
-      return PgStore.layer({ url: Redacted.make(b.url), maxConnections: opts.poolSize ?? 10 }, { prepare: opts.prepare ?? true })
-    case "sqlite":
-      return Layer.suspend(() => {
-        mkdirSync(dirname(b.filename), { recursive: true })
-        return SqliteStore.layer({ filename: b.filename })
-      })
-  }
-}
+export const layer: (url: string, opts?: { readonly poolSize?: number; readonly prepare?: boolean }) => Layer.Layer<Store.Store | Operations.Operations | FindingStore.FindingStore, Errors.StoreError> = Database.layer

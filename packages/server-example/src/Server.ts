@@ -1,7 +1,7 @@
 import { HttpMiddleware, HttpRouter, HttpServer, HttpServerRequest, HttpServerResponse } from "@effect/platform"
 import type { ServeError } from "@effect/platform/HttpServerError"
 import { NodeHttpServer } from "@effect/platform-node"
-import { Operations, type Store } from "@scanfleet/core"
+import { LogLine, Operations, type Store } from "@scanfleet/core"
 import { Cause, Context, Deferred, Duration, Effect, Layer, Logger, LogLevel, Ref } from "effect"
 import { createServer } from "node:http"
 import * as AdminRoutes from "./AdminRoutes.js"
@@ -128,9 +128,9 @@ const drain = Layer.scoped(
 
 const logLevels = { debug: LogLevel.Debug, info: LogLevel.Info, warning: LogLevel.Warning, error: LogLevel.Error, none: LogLevel.None } as const
 
-/** Structured JSON logs on stdout at the configured level. */
-export const logger = (level: ServerConfig["logLevel"]): Layer.Layer<never> =>
-  Layer.merge(Logger.json, Logger.minimumLogLevel(logLevels[level]))
+/** Logs on stdout in the one scanfleet schema (`LogLine`: JSON lines, or `pretty`) at the configured level. */
+export const logger = (level: ServerConfig["logLevel"], format: ServerConfig["logFormat"] = "json"): Layer.Layer<never> =>
+  Layer.merge(Logger.replace(Logger.defaultLogger, Logger.withConsoleLog(LogLine.logger(format))), Logger.minimumLogLevel(logLevels[level]))
 
 /**
  * The running server as a layer, over any `Store` with its operator port: the Worker API, the
@@ -166,6 +166,6 @@ export const layer = (
     Layer.provide(Layer.merge(Health.layer(config.sweepIntervalMs), Controls.layer)),
     Layer.provideMerge(Layer.succeed(Settings, config)),
     Layer.provideMerge(Metrics.layer),
-    Layer.provide(logger(config.logLevel))
+    Layer.provide(logger(config.logLevel, config.logFormat))
   )
 }

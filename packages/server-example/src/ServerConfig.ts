@@ -1,3 +1,5 @@
+import { Database } from "@scanfleet/adapters"
+import { LogLine } from "@scanfleet/core"
 import { readFileSync } from "node:fs"
 import { Context } from "effect"
 import { z } from "zod"
@@ -10,12 +12,18 @@ import { z } from "zod"
 export const ServerConfigSchema = z
   .object({
     /** `sqlite:<path>` or a plain path (SQLite), `postgres://…` (PostgreSQL), or `memory:` (nothing persists). */
-    databaseUrl: z.string().min(1).default("sqlite:./scanfleet.db"),
+    databaseUrl: z
+      .string()
+      .default("sqlite:./scanfleet.db")
+      .superRefine((url, ctx) => {
+        const refused = Database.check(url)
+        if (refused) ctx.addIssue({ code: "custom", message: refused.message })
+      }),
     host: z.string().min(1).default("127.0.0.1"),
     /** 0 picks a free port. */
     port: z.number().int().min(0).max(65_535).default(8080),
     /** Bearer token of `/v1/admin/*` and the dashboard; at least 16 characters. */
-    adminToken: z.string().min(16),
+    adminToken: z.string({ error: (i) => (i.input === undefined ? "required" : undefined) }).min(16, "must be at least 16 characters"),
     /** How often the expiry sweeper looks for reservations past their assignment expiry. */
     sweepIntervalMs: z.number().int().min(10).max(3_600_000).default(1000),
     /** Upper bound of a JSON request body other than a result, bytes. */
@@ -41,7 +49,9 @@ export const ServerConfigSchema = z
     webhookBaseDelayMs: z.number().int().min(1).max(600_000).default(1000),
     webhookMaxDelayMs: z.number().int().min(1).max(3_600_000).default(300_000),
     /** How often an idle webhook looks for new outbox events, milliseconds. */
-    webhookPollMs: z.number().int().min(5).max(60_000).default(500)
+    webhookPollMs: z.number().int().min(5).max(60_000).default(500),
+    /** Log lines as JSON (one object a line) or laid out for people. */
+    logFormat: z.enum(LogLine.formats as [LogLine.Format, ...Array<LogLine.Format>]).default("json")
   })
   .strict()
   .refine((c) => (c.webhookUrl === undefined) === (c.webhookSecret === undefined), { message: "webhookUrl and webhookSecret go together", path: ["webhookSecret"] })
@@ -64,8 +74,18 @@ export const envVars = {
   SCANFLEET_FINDINGS_KEY: "findingsKey",
   SCANFLEET_FINDINGS_RAW_KEY: "findingsRawKey",
   SCANFLEET_WEBHOOK_URL: "webhookUrl",
-  SCANFLEET_WEBHOOK_SECRET: "webhookSecret"
+  SCANFLEET_WEBHOOK_SECRET: "webhookSecret",
+  SCANFLEET_LOG_FORMAT: "logFormat"
 } as const
+
+/** The command-line flag of each setting (the CLI reads the same names). */
+export const flagOf = (field: string): string => `--${field.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`).replace(/^database-url$/, "database")}`
+
+/** Where a setting can be given, for messages: the flag, the environment variable and the file key. */
+export const whereSet = (field: string): string => {
+  const env = Object.entries(envVars).find(([, f]) => f === field)?.[0]
+  return `${flagOf(field)}${env ? ` or ${env}` : ""}`
+}
 
 const numeric = new Set(["port", "sweepIntervalMs", "poolSize"])
 const flags: Record<string, boolean> = { on: true, true: true, "1": true, off: false, false: false, "0": false }
@@ -87,7 +107,7 @@ export const make = (input: ServerConfigInput): ServerConfig => {
   if (parsed.success) return parsed.data
   const issues = parsed.error.issues.map((i) => ({ path: i.path.map((k) => (typeof k === "symbol" ? String(k) : k)), message: i.message }))
   throw new ServerConfigError(
-    `invalid server configuration: ${issues.map((i) => `${i.path.join(".") || "(root)"}: ${i.message}`).join("; ")}`,
+    `invalid server configuration: ${issues.map((i) => `${i.path.join(".") || "(root)"}${i.path.length === 1 ? ` (${whereSet(String(i.path[0]))})` : ""}: ${i.message}`).join("; ")}`,
     issues
   )
 }

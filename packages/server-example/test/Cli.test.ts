@@ -1,4 +1,4 @@
-import { FakeSources } from "@scanfleet/adapters"
+import * as FakeSources from "@scanfleet/adapters/testing/FakeSources"
 import { Config } from "@scanfleet/core"
 import { writeFileSync } from "node:fs"
 import { request } from "node:http"
@@ -44,6 +44,23 @@ describe("scanfleet-server CLI (real child processes, SQLite file)", { timeout: 
     const applied = await runCli(["config", "apply", good, "--by", "ci-test"], env)
     expect(applied.code, applied.stderr).toBe(0)
     expect(applied.stdout).toContain("applied as version 1 by ci-test")
+
+    // findings read the same database: an empty export is a valid SARIF log, a mistyped verb is refused with a suggestion.
+    const sarif = await runCli(["findings", "export", "--format", "sarif"], env)
+    expect(sarif.code, sarif.stderr).toBe(0)
+    expect(JSON.parse(sarif.stdout)).toMatchObject({ version: "2.1.0", runs: [{ results: [] }] })
+    const list = await runCli(["findings", "list", "--status", "open"], env)
+    expect(list.code, list.stderr).toBe(0)
+    expect(list.stdout).toBe("")
+    const badStatus = await runCli(["findings", "list", "--status", "closed"], env)
+    expect(badStatus.code).toBe(2)
+    expect(badStatus.stderr).toContain("--status")
+    const typo = await runCli(["findings", "lst"], env)
+    expect(typo.code).toBe(2)
+    expect(typo.stderr).toContain("list")
+    const none = await runCli(["findings", "target", "github", "nobody/nothing"], env)
+    expect(none.code).toBe(1)
+    expect(none.stderr).toContain("no findings and no related scan")
 
     const usage = await runCli(["frobnicate"], env)
     expect(usage.code).toBe(2)

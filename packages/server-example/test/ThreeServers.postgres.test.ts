@@ -1,4 +1,4 @@
-import { FakeSources } from "@scanfleet/adapters"
+import * as FakeSources from "@scanfleet/adapters/testing/FakeSources"
 import { Config, Store } from "@scanfleet/core"
 import { Effect, ManagedRuntime } from "effect"
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs"

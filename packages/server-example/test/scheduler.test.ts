@@ -1,7 +1,8 @@
 import { NodeHttpClient } from "@effect/platform-node"
 import { describe, expect, it } from "@effect/vitest"
 import { Context, Effect, Layer } from "effect"
-import { FakeSources, GitHub, GitLab } from "@scanfleet/adapters"
+import { GitHub, GitLab } from "@scanfleet/adapters"
+import * as FakeSources from "@scanfleet/adapters/testing/FakeSources"
 import { MemoryOperations, MemoryStore, Operations, Store } from "@scanfleet/core"
 import * as Scheduler from "../src/Scheduler.js"
 

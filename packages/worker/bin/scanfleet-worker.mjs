@@ -3,10 +3,9 @@
 // in a fresh clone before anything is built; the code it runs is the build.
 import { existsSync } from "node:fs"
 
-const entry = new URL("../dist/index.js", import.meta.url)
+const entry = new URL("../dist/bin.js", import.meta.url)
 if (!existsSync(entry)) {
-  process.stderr.write("scanfleet-worker: the build is missing (dist/index.js); in a clone run `npm run build`\n")
+  process.stderr.write("scanfleet-worker: the build is missing (dist/bin.js); in a clone run `npm run build` (npm ci runs it)\n")
   process.exit(1)
 }
-const { Cli } = await import(entry.href)
-process.exitCode = await Cli.main(process.argv.slice(2))
+await import(entry.href)

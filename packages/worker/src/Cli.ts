@@ -1,6 +1,10 @@
-import { readFileSync } from "node:fs"
+import { Command, Options } from "@effect/cli"
+import { Config, Effect, Option, Redacted } from "effect"
+import { existsSync, readFileSync } from "node:fs"
 import { isAbsolute, resolve } from "node:path"
-import { parseArgs } from "node:util"
+import { LogLine } from "@scanfleet/core"
+import pkg from "../package.json" with { type: "json" }
+import * as CommandLine from "./CommandLine.js"
 import * as LocalState from "./LocalState.js"
 import * as Scanner from "./Scanner.js"
 import * as Status from "./Status.js"
@@ -12,19 +16,7 @@ import * as Supervisor from "./Supervisor.js"
  * (each assignment's journal, as sent and as kept locally).
  */
 
-const usage = `usage:
-  scanfleet-worker run --server URL --token TOKEN --slots N --scanner SCANNER --state FILE
-                       [--permits N] [--grace-ms MS] [--poll-ms MS]
-  scanfleet-worker status --state FILE
-  scanfleet-worker history --state FILE [--reservation ID] [--limit N]
-
-SCANNER is one of:
-  demo[:slowMarker]       the built-in demo scanner
-  trufflehog              trufflehog with its exit-code table (183 = findings, SIGKILL only)
-  gitleaks                gitleaks over a clone of GitHub and GitLab targets (42 = findings)
-  command:FILE.json       a command scanner described by a JSON file
-  module:FILE.js          a module exporting a runner function (export default)
-The token may also come from SCANFLEET_TOKEN.`
+const scannerHelp = `SCANNER is one of: demo[:slowMarker] (the built-in demo scanner); trufflehog (its exit-code table: 183 = findings, SIGKILL only); gitleaks (over a clone of GitHub and GitLab targets: 42 = findings); command:FILE.json (a command scanner described by a JSON file); module:FILE.js (a module exporting a runner function as its default export)`
 
 /** Parses a `--scanner` value into a scanner spec. */
 export const parseScanner = (value: string, cwd: string): Scanner.ParsedSpec => {
@@ -39,7 +31,7 @@ export const parseScanner = (value: string, cwd: string): Scanner.ParsedSpec => 
     const file = value.slice(7)
     return Scanner.runnerModule({ name: "module", module: isAbsolute(file) ? file : resolve(cwd, file) })
   }
-  throw new Error(`unknown scanner "${value}"\n${usage}`)
+  throw new Error(`unknown scanner "${value}". ${scannerHelp}`)
 }
 
 /** Renders the `status` view of a state file at `now` (see `Status.read` for the same as data). */
@@ -66,86 +58,115 @@ export const renderHistory = async (state: LocalState.LocalState, q: { readonly 
   return out.join("\n")
 }
 
+
+/** The device's events as lines of the one log schema (errors and retries at their own levels). */
+export const eventLogger =
+  (format: LogLine.Format, write: (line: string) => void) =>
+  (e: Supervisor.DeviceEvent): void => {
+    const { type, ...rest } = e
+    const { at, message, ...fields } = rest as Record<string, unknown>
+    const level: LogLine.Level = type === "error" ? "error" : type === "retry" ? "warning" : "info"
+    write(LogLine.format({ time: typeof at === "number" ? at : Date.now(), level, message: type, fields: message === undefined ? fields : { ...fields, error: message } }, format))
+  }
+
+// Every setting has a flag and an environment variable; the help names both.
+const setting = <A>(o: Options.Options<A>, env: string, config: Config.Config<A>, what: string) =>
+  o.pipe(Options.withDescription(`${what} (env ${env})`), Options.withFallbackConfig(config), Options.optional)
+const text = (name: string, env: string, what: string) => setting(Options.text(name), env, Config.string(env), what)
+const integer = (name: string, env: string, what: string) => setting(Options.integer(name), env, Config.integer(env), what)
+
+const stateOption = text("state", "SCANFLEET_STATE", "the device's local state file (default ./scanfleet-worker.db)")
+const stateFile = (o: Option.Option<string>) => Option.getOrElse(o, () => "./scanfleet-worker.db")
+
+const nonNegative = (name: string, v: Option.Option<number>, fallback: number) =>
+  Option.match(v, {
+    onNone: () => Effect.succeed(fallback),
+    onSome: (n) => (n >= 0 ? Effect.succeed(n) : Effect.fail(new CommandLine.UsageError({ message: `--${name} must be a non-negative integer, not ${n}` })))
+  })
+
+/** Read-only commands open an existing state file only: a typo must not create an empty one. */
+const openExisting = (file: string) =>
+  Effect.acquireRelease(
+    existsSync(file)
+      ? Effect.promise(() => LocalState.open(file))
+      : Effect.fail(new CommandLine.CommandFailed({ message: `no state file at ${file} (it is written by 'scanfleet-worker run'; pass --state FILE or set SCANFLEET_STATE)` })),
+    (state) => Effect.promise(() => state.close())
+  )
+
+const status = Command.make("status", { state: stateOption }, ({ state }) =>
+  Effect.scoped(Effect.flatMap(openExisting(stateFile(state)), (s) => Effect.flatMap(Effect.promise(() => renderStatus(s, Date.now())), CommandLine.print)))
+).pipe(Command.withDescription("print each slot's assignment, phase, the three labelled deadlines and the time left"))
+
+const history = Command.make(
+  "history",
+  {
+    state: stateOption,
+    reservation: integer("reservation", "SCANFLEET_RESERVATION", "only this reservation"),
+    limit: integer("limit", "SCANFLEET_HISTORY_LIMIT", "how many assignments, newest first (default 20)")
+  },
+  ({ state, reservation, limit }) =>
+    Effect.scoped(
+      Effect.gen(function* () {
+        const s = yield* openExisting(stateFile(state))
+        const n = yield* nonNegative("limit", limit, 20)
+        const q = Option.match(reservation, { onNone: () => ({ limit: n }), onSome: (reservationId) => ({ reservationId, limit: n }) })
+        yield* CommandLine.print(yield* Effect.promise(() => renderHistory(s, q, Date.now())))
+      })
+    )
+).pipe(Command.withDescription("print each assignment's journal, as sent and as kept locally"))
+
+const runCommand = Command.make(
+  "run",
+  {
+    server: text("server", "SCANFLEET_SERVER", "the scanfleet server's URL"),
+    token: setting(Options.redacted("token"), "SCANFLEET_TOKEN", Config.redacted("SCANFLEET_TOKEN"), "the device token 'scanfleet-server device add' printed"),
+    slots: integer("slots", "SCANFLEET_SLOTS", "slots run at once (default 1)"),
+    scanner: text("scanner", "SCANFLEET_SCANNER", scannerHelp),
+    state: stateOption,
+    permits: integer("permits", "SCANFLEET_PERMITS", "scan permits (default: the slots)"),
+    graceMs: integer("grace-ms", "SCANFLEET_GRACE_MS", "how long a scanner has between SIGTERM and SIGKILL (default 2000)"),
+    pollMs: integer("poll-ms", "SCANFLEET_POLL_MS", "how often an idle slot asks for work (default 1000)"),
+    logFormat: setting(Options.choice("log-format", LogLine.formats), "SCANFLEET_LOG_FORMAT", Config.literal(...LogLine.formats)(), "json lines, or pretty for people (default json)")
+  },
+  (o) =>
+    Effect.gen(function* () {
+      const server = yield* CommandLine.required(o.server, "--server URL", "SCANFLEET_SERVER")
+      const token = yield* CommandLine.required(o.token, "--token TOKEN", "SCANFLEET_TOKEN")
+      const scannerValue = yield* CommandLine.required(o.scanner, "--scanner SCANNER", "SCANFLEET_SCANNER")
+      const slots = yield* nonNegative("slots", o.slots, 1)
+      if (slots < 1) return yield* new CommandLine.UsageError({ message: "--slots must be at least 1" })
+      const scanner = yield* Effect.try({ try: () => parseScanner(scannerValue, process.cwd()), catch: (e) => new CommandLine.UsageError({ message: `--scanner: ${(e as Error).message}` }) })
+      const state = stateFile(o.state)
+      const options = {
+        server,
+        token: Redacted.value(token),
+        slots,
+        scanner,
+        state,
+        permits: yield* nonNegative("permits", o.permits, slots),
+        graceMs: yield* nonNegative("grace-ms", o.graceMs, 2000),
+        pollMs: yield* nonNegative("poll-ms", o.pollMs, 1000),
+        onEvent: eventLogger(Option.getOrElse(o.logFormat, () => "json" as const), (line) => process.stderr.write(`${line}\n`))
+      }
+      const device = yield* Effect.acquireRelease(
+        Effect.promise(() => Supervisor.start(options)),
+        (device) => Effect.zipRight(Effect.logInfo("stopping"), Effect.promise(() => device.stop()))
+      )
+      // The containment level is named at start: a device that fell back to a weaker level says so.
+      yield* Effect.logInfo(`worker started, containment ${device.containment.level}`).pipe(Effect.annotateLogs({ slots, server, state, containment: device.containment.level }))
+      return yield* Effect.never
+    }).pipe(Effect.scoped, Effect.provide(CommandLine.logger(Option.getOrElse(o.logFormat, () => "json" as const))))
+).pipe(Command.withDescription("run a device: claim assignments, supervise the scanner, deliver progress and results"))
+
+/** The `scanfleet-worker` command tree. */
+export const command = Command.make("scanfleet-worker").pipe(
+  Command.withDescription("a scanfleet worker device"),
+  Command.withSubcommands([runCommand, status, history])
+)
+
+/** The version the command reports. */
+export const version: string = pkg.version
+
 /** Runs the CLI with arguments (without `node` and the script); resolves to an exit code. */
-export const main = async (argv: ReadonlyArray<string>, io: { readonly out: (s: string) => void; readonly err: (s: string) => void } = { out: (s) => process.stdout.write(s), err: (s) => process.stderr.write(s) }): Promise<number> => {
-  const [cmd, ...rest] = argv
-  let values: Record<string, string | undefined>
-  try {
-    ;({ values } = parseArgs({
-      args: [...rest],
-      options: {
-        server: { type: "string" },
-        token: { type: "string" },
-        slots: { type: "string" },
-        scanner: { type: "string" },
-        state: { type: "string" },
-        permits: { type: "string" },
-        "grace-ms": { type: "string" },
-        "poll-ms": { type: "string" },
-        reservation: { type: "string" },
-        limit: { type: "string" }
-      }
-    }) as { values: Record<string, string | undefined> })
-  } catch (e) {
-    io.err(`${(e as Error).message}\n${usage}\n`)
-    return 2
-  }
-  const stateFile = values.state ?? "./scanfleet-worker.db"
-  const int = (name: string, fallback: number) => {
-    const v = values[name]
-    if (v === undefined) return fallback
-    const n = Number(v)
-    if (!Number.isInteger(n) || n < 0) throw new Error(`--${name} must be a non-negative integer, not "${v}"`)
-    return n
-  }
-  try {
-    switch (cmd) {
-      case "status": {
-        const state = await LocalState.open(stateFile)
-        io.out(`${await renderStatus(state, Date.now())}\n`)
-        await state.close()
-        return 0
-      }
-      case "history": {
-        const state = await LocalState.open(stateFile)
-        const reservation = values.reservation !== undefined ? int("reservation", 0) : undefined
-        io.out(`${await renderHistory(state, { ...(reservation !== undefined ? { reservationId: reservation } : {}), limit: int("limit", 20) }, Date.now())}\n`)
-        await state.close()
-        return 0
-      }
-      case "run": {
-        const token = values.token ?? process.env.SCANFLEET_TOKEN
-        if (!values.server || !token || !values.scanner) throw new Error(`run needs --server, --token (or SCANFLEET_TOKEN) and --scanner\n${usage}`)
-        const slots = int("slots", 1)
-        const device = await Supervisor.start({
-          server: values.server,
-          token,
-          slots,
-          scanner: parseScanner(values.scanner, process.cwd()),
-          state: stateFile,
-          permits: int("permits", slots),
-          graceMs: int("grace-ms", 2000),
-          pollMs: int("poll-ms", 1000)
-        })
-        io.err(`scanfleet-worker: ${slots} slot(s) against ${values.server}, state in ${stateFile}, containment ${device.containment.level}\n`)
-        await new Promise<void>((resolveStop) => {
-          const onSignal = (sig: NodeJS.Signals) => {
-            process.off("SIGINT", onSignal)
-            process.off("SIGTERM", onSignal)
-            io.err(`scanfleet-worker: ${sig}, stopping\n`)
-            void device.stop().then(resolveStop)
-          }
-          process.on("SIGINT", onSignal)
-          process.on("SIGTERM", onSignal)
-        })
-        return 0
-      }
-      default:
-        io.err(`${usage}\n`)
-        return cmd === undefined || cmd === "help" || cmd === "--help" ? 0 : 2
-    }
-  } catch (e) {
-    io.err(`scanfleet-worker: ${(e as Error).message}\n`)
-    return 1
-  }
-}
+export const main = (argv: ReadonlyArray<string>, io: CommandLine.Io = CommandLine.processIo): Promise<number> =>
+  CommandLine.run({ name: "scanfleet-worker", version, command }, argv, io)

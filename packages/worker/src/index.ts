@@ -2,6 +2,7 @@
 export * as Cli from "./Cli.js"
 export * as Client from "./Client.js"
 export * as Containment from "./Containment.js"
+export * as CommandLine from "./CommandLine.js"
 export * as ExecutionUnit from "./ExecutionUnit.js"
 export * as LocalState from "./LocalState.js"
 export * as Outbox from "./Outbox.js"

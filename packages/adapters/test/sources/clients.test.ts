@@ -330,7 +330,7 @@ describe("DockerHub client", () => {
       const c = yield* client(DockerHub.make({ ...fast, baseUrl: fakes.dockerhub.url, namespaces: ["acme"] }))
       const { cycle: r, lines } = yield* cycle(c, MemoryStore.make(), configWith("dockerhub", {}), Date.now())
       expect(r).toMatchObject({ results: 1, malformed: 1, error: null })
-      expect(lines).toContainEqual(expect.objectContaining({ event: "malformed_record", source: "dockerhub", identity: "acme/api:broken" }))
+      expect(lines).toContainEqual(expect.objectContaining({ message: "malformed_record", level: "warning", source: "dockerhub", identity: "acme/api:broken" }))
     })
   )
 })

@@ -13,7 +13,7 @@ describe(page, () => {
   it.scopedLive("the documented cycle log line has exactly the fields a real cycle logs", () =>
     Effect.gen(function* () {
       const text = readFileSync(resolve(__dirname, "../../../..", page), "utf8")
-      const block = /```json\n(\{"event":"discovery_cycle"[^\n]*)\n```/.exec(text)
+      const block = /```json\n(\{"time":"[^"]*","level":"info","message":"discovery_cycle"[^\n]*)\n```/.exec(text)
       expect(block, `${page} shows an example discovery_cycle line`).not.toBeNull()
       const documented = JSON.parse(block![1]) as Record<string, unknown>
       const fakes = yield* FakeSources.scoped()

@@ -1,4 +1,4 @@
-import type { FakeSources } from "@scanfleet/adapters"
+import type * as FakeSources from "@scanfleet/adapters/testing/FakeSources"
 import type { Source } from "@scanfleet/core"
 import { createHash } from "node:crypto"
 

@@ -1,6 +1,7 @@
 import { NodeHttpClient } from "@effect/platform-node"
-import { DockerHub, FakeSources, GitHub, GitLab, HuggingFace } from "@scanfleet/adapters"
-import { Config, Store } from "@scanfleet/core"
+import { DockerHub, GitHub, GitLab, HuggingFace } from "@scanfleet/adapters"
+import * as FakeSources from "@scanfleet/adapters/testing/FakeSources"
+import { Config, LogLine, Store } from "@scanfleet/core"
 import { Scanner, Supervisor } from "@scanfleet/worker"
 import { Effect, Layer, ManagedRuntime } from "effect"
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs"
@@ -77,6 +78,8 @@ export interface Running {
   readonly run: number
   /** The dashboard's headline numbers now. */
   readonly summary: () => Promise<Summary.Numbers>
+  /** Discovery errors: how many cycles of each source failed, and the newest failure. */
+  readonly sourceErrors: () => Promise<Summary.SourceErrors>
   /** Stops the workers (their scanner process groups are killed), the scheduler, the server and the fakes, in that order. */
   readonly stop: () => Promise<void>
 }
@@ -163,7 +166,9 @@ export const start = async (opts: Options): Promise<Running> => {
     devices: prior?.devices ?? []
   }
   const run = state.runs
-  const log = (event: string, fields: Record<string, unknown> = {}) => opts.log(JSON.stringify({ at: new Date().toISOString(), event, ...fields }))
+  // The one log schema (LogLine); an event ending in "_error" is logged at error level.
+  const log = (event: string, fields: Record<string, unknown> = {}) =>
+    opts.log(LogLine.format({ time: Date.now(), level: event.endsWith("_error") || event === "worker_error" ? "error" : event === "worker_retry" ? "warning" : "info", message: event, fields }, "json"))
   const sources = opts.sources ?? { kind: "fake" as const }
 
   const cleanups: Array<() => Promise<void>> = []
@@ -250,7 +255,7 @@ export const start = async (opts: Options): Promise<Running> => {
         drainMs: 2000,
         minBackoffMs: 100,
         maxBackoffMs: 2000,
-        onEvent: (e) => log(`worker_${e.type}`, { device: d.name, ...e })
+        onEvent: ({ type, ...e }) => log(`worker_${type}`, { device: d.name, ...e })
       })
       running.push(device)
     }
@@ -302,6 +307,16 @@ export const start = async (opts: Options): Promise<Running> => {
       fakes,
       run,
       summary: () => rt.runPromise(AdminRoutes.summaryData),
+      sourceErrors: () =>
+        rt.runPromise(
+          Effect.map(store.listCycles({ limit: 500 }), (cycles) => {
+            const failed = cycles.filter((c) => c.error !== null)
+            const newest = failed.reduce<(typeof failed)[number] | undefined>((a, c) => (a === undefined || c.endedAt > a.endedAt ? c : a), undefined)
+            const bySource: Record<string, number> = { github: 0, gitlab: 0, huggingface: 0, dockerhub: 0 }
+            for (const c of failed) bySource[c.source] = (bySource[c.source] ?? 0) + 1
+            return { bySource, last: newest ? { at: newest.endedAt, text: `${newest.source}: ${newest.error}` } : null }
+          })
+        ),
       stop: () => (stopped ??= cleanup())
     }
   } catch (e) {

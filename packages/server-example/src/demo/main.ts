@@ -2,6 +2,7 @@
 import { createWriteStream, mkdirSync, readFileSync } from "node:fs"
 import { join, relative, resolve } from "node:path"
 import { format } from "node:util"
+import { LogLine } from "@scanfleet/core"
 import * as Demo from "./Demo.js"
 import * as Summary from "./Summary.js"
 
@@ -64,7 +65,17 @@ if (sourcesFile) {
 mkdirSync(dataDir, { recursive: true })
 const logFile = join(dataDir, "demo.log")
 const logStream = createWriteStream(logFile, { flags: "a" })
-const toLog = (...args: Array<unknown>) => void logStream.write(`${format(...args)}\n`)
+// The newest error-level line of the one log schema, whoever wrote it, for the summary.
+let lastErrorLine: { readonly at: number; readonly text: string } | null = null
+const write = (text: string) => {
+  for (const line of text.split("\n")) {
+    const e = LogLine.parse(line)
+    if (e && (e.level === "error" || e.level === "fatal"))
+      lastErrorLine = { at: e.time, text: [e.message, ...["error", "cause", "device", "source"].filter((k) => e.fields[k] !== undefined).map((k) => `${k}=${String(e.fields[k]).split("\n")[0]}`)].join(" ") }
+  }
+  logStream.write(`${text}\n`)
+}
+const toLog = (...args: Array<unknown>) => write(format(...args))
 for (const m of ["log", "info", "warn", "error", "debug"] as const) console[m] = toLog
 
 // A terminal that went away must not crash the shutdown that follows.
@@ -83,7 +94,7 @@ const startAt = (p: number) =>
     ...(flags.get("database") ?? env.SCANFLEET_DATABASE_URL ? { databaseUrl: flags.get("database") ?? env.SCANFLEET_DATABASE_URL } : {}),
     ...(env.SCANFLEET_ADMIN_TOKEN ? { adminToken: env.SCANFLEET_ADMIN_TOKEN } : {}),
     sources,
-    log: (line) => void logStream.write(`${line}\n`)
+    log: write
   })
 
 let demo: Demo.Running
@@ -113,8 +124,8 @@ let stopping = false
 const refresh = async () => {
   if (stopping) return
   try {
-    const s = await demo.summary()
-    if (!stopping) out.show(s, Date.now())
+    const [s, sources] = await Promise.all([demo.summary(), demo.sourceErrors()])
+    if (!stopping) out.show(s, Date.now(), { sources, lastErrorLine })
   } catch (e) {
     toLog("summary failed", e)
   }

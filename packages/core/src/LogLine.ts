@@ -1,0 +1,77 @@
+import { Cause, HashMap, Inspectable, List, Logger, type LogLevel } from "effect"
+
+/**
+ * The one log schema of every scanfleet program (server, worker, demo): one
+ * JSON object a line, `{"time":"<ISO 8601>","level":"info","message":"…", …fields}`,
+ * or the same entry laid out for people (`pretty`). The formatter is pure;
+ * where the line goes (stdout, stderr) is the caller's choice.
+ */
+
+/** The two layouts: JSON lines for machines, `pretty` for people at a terminal. */
+export type Format = "json" | "pretty"
+
+/** The layouts, for option parsers. */
+export const formats: ReadonlyArray<Format> = ["json", "pretty"]
+
+/** Severity, lower case. */
+export type Level = "trace" | "debug" | "info" | "warning" | "error" | "fatal"
+
+/** One log entry. Field names `time`, `level` and `message` are reserved; such a field is written with a leading underscore. */
+export interface Entry {
+  readonly time: number
+  readonly level: Level
+  readonly message: string
+  readonly fields: Readonly<Record<string, unknown>>
+}
+
+const reserved = new Set(["time", "level", "message"])
+
+/** The entry as one line (without the newline). */
+export const format = (entry: Entry, layout: Format): string => {
+  if (layout === "json") {
+    const out: Record<string, unknown> = { time: new Date(entry.time).toISOString(), level: entry.level, message: entry.message }
+    for (const [k, v] of Object.entries(entry.fields)) out[reserved.has(k) ? `_${k}` : k] = v
+    return JSON.stringify(out, (_k, v: unknown) => (typeof v === "bigint" ? v.toString() : v instanceof Error ? { name: v.name, message: v.message } : v))
+  }
+  const fields = Object.entries(entry.fields)
+    .map(([k, v]) => `${k}=${typeof v === "string" && !/\s|"/.test(v) ? v : JSON.stringify(v)}`)
+    .join(" ")
+  return `${new Date(entry.time).toISOString().slice(11, 23)} ${entry.level.toUpperCase().padEnd(7)} ${entry.message}${fields ? `  ${fields}` : ""}`
+}
+
+/** Reads a JSON log line back (the demo and tests read logs); `null` for anything that is not one. */
+export const parse = (line: string): Entry | null => {
+  try {
+    const j: unknown = JSON.parse(line)
+    if (typeof j !== "object" || j === null) return null
+    const { time, level, message, ...fields } = j as Record<string, unknown>
+    if (typeof time !== "string" || typeof level !== "string" || typeof message !== "string") return null
+    const t = Date.parse(time)
+    return Number.isNaN(t) ? null : { time: t, level: level as Level, message, fields }
+  } catch {
+    return null
+  }
+}
+
+const levelOf = (l: LogLevel.LogLevel): Level =>
+  l._tag === "Trace" || l._tag === "All" ? "trace" : l._tag === "Debug" ? "debug" : l._tag === "Info" ? "info" : l._tag === "Warning" ? "warning" : l._tag === "Error" ? "error" : "fatal"
+
+const text = (u: unknown): string => (typeof u === "string" ? u : Inspectable.toStringUnknown(u))
+
+/**
+ * An Effect logger producing lines of this schema: log annotations and spans
+ * become fields, a cause becomes the `cause` field. Pair it with a sink, for
+ * example `Logger.withConsoleError(LogLine.logger("json"))`.
+ *
+ * @example
+ * const live = Logger.replace(Logger.defaultLogger, Logger.withConsoleError(LogLine.logger("pretty")))
+ */
+export const logger = (layout: Format): Logger.Logger<unknown, string> =>
+  Logger.make(({ annotations, cause, date, logLevel, message, spans }) => {
+    const parts = Array.isArray(message) ? message : [message]
+    const fields: Record<string, unknown> = {}
+    for (const [k, v] of HashMap.toEntries(annotations)) fields[k] = v
+    for (const s of List.toArray(spans)) fields[`${s.label}Ms`] = date.getTime() - s.startTime
+    if (!Cause.isEmpty(cause)) fields.cause = Cause.pretty(cause, { renderErrorCause: true })
+    return format({ time: date.getTime(), level: levelOf(logLevel), message: parts.map(text).join(" "), fields }, layout)
+  })
