@@ -60,14 +60,7 @@ export const renderHistory = async (state: LocalState.LocalState, q: { readonly 
 
 
 /** The device's events as lines of the one log schema (errors and retries at their own levels). */
-export const eventLogger =
-  (format: LogLine.Format, write: (line: string) => void) =>
-  (e: Supervisor.DeviceEvent): void => {
-    const { type, ...rest } = e
-    const { at, message, ...fields } = rest as Record<string, unknown>
-    const level: LogLine.Level = type === "error" ? "error" : type === "retry" ? "warning" : "info"
-    write(LogLine.format({ time: typeof at === "number" ? at : Date.now(), level, message: type, fields: message === undefined ? fields : { ...fields, error: message } }, format))
-  }
+export const eventLogger = Supervisor.eventLogger
 
 // Every setting has a flag and an environment variable; the help names both.
 const setting = <A>(o: Options.Options<A>, env: string, config: Config.Config<A>, what: string) =>

@@ -1,4 +1,4 @@
-import { Deadline, PhaseModel, WorkerApi } from "@scanfleet/core"
+import { Deadline, LogLine, PhaseModel, WorkerApi } from "@scanfleet/core"
 import { Cause, Clock, Context, Data, Deferred, Duration, Effect, Exit, Fiber, FiberSet, Layer, ManagedRuntime, Option, Runtime, type Scope, Stream, SubscriptionRef } from "effect"
 import { existsSync } from "node:fs"
 import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises"
@@ -28,6 +28,25 @@ import * as Scanner from "./Scanner.js"
  */
 
 /** Something the controller did, for logs, tests and benchmarks. */
+/**
+ * An `onEvent` that writes each event as one line of the one log schema
+ * (`message` is the event's type; errors are `error`, retries `warning`).
+ *
+ * @example
+ * Supervisor.layer({ ...opts, onEvent: Supervisor.eventLogger("pretty", (line) => process.stderr.write(`${line}\n`)) })
+ */
+export const eventLogger =
+  (format: LogLine.Format, write: (line: string) => void) =>
+  (e: DeviceEvent): void => {
+    const { type, ...rest } = e
+    const { at, message, ...fields } = rest as Record<string, unknown>
+    const level: LogLine.Level = type === "error" ? "error" : type === "retry" ? "warning" : "info"
+    write(LogLine.format({ time: typeof at === "number" ? at : Date.now(), level, message: type, fields: message === undefined ? fields : { ...fields, error: message } }, format))
+  }
+
+// Without an `onEvent`, errors and retries still reach stderr, in the one log schema.
+const stderrEvents = eventLogger("json", (line) => process.stderr.write(`${line}\n`))
+
 export type DeviceEvent =
   | { readonly type: "registered"; readonly fleetId: string; readonly containment: Containment.Level; readonly at: number }
   | { readonly type: "claimed"; readonly slot: number; readonly fleetId: string; readonly reservationId: number; readonly at: number }
@@ -187,11 +206,7 @@ export const layer = (opts: Options): Layer.Layer<Controller, StartError> => Lay
 export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controller>, StartError, Scope.Scope> =>
   Effect.gen(function* () {
     const emit = (e: DeviceEvent) =>
-      Effect.sync(() =>
-        opts.onEvent
-          ? opts.onEvent(e)
-          : (e.type === "error" || e.type === "retry") && process.stderr.write(`${JSON.stringify({ at: new Date().toISOString(), ...e })}\n`)
-      )
+      Effect.sync(() => (opts.onEvent ? opts.onEvent(e) : (e.type === "error" || e.type === "retry") && stderrEvents(e)))
     const spec = opts.scanner
     yield* Scanner.requireBinaries(spec)
     const plan = yield* Containment.detect({ force: opts.containment })
