@@ -42,6 +42,44 @@ export const secretValue = (v: unknown): string => {
   return strings.length === 0 ? Findings.canonical(v) : strings.reduce((a, b) => (b.length > a.length ? b : a))
 }
 
+// Shorter values would also match ordinary words of a log.
+const minScrubbed = 6
+
+/** The clear values of a finding's declared secret fields (each string in them, and the field's own secret value), longest first. */
+export const clearValues = (scanner: string, map: Findings.FieldMap, finding: Record<string, unknown>): Array<string> => {
+  const declared = Findings.declaredFor(scanner, map.secretFields)
+  const found = new Set<string>()
+  const strings = (x: unknown, depth: number): void => {
+    if (depth > 8) return
+    if (typeof x === "string") {
+      if (x.length >= minScrubbed) found.add(x)
+    } else if (x !== null && typeof x === "object") for (const y of Object.values(x)) strings(y, depth + 1)
+  }
+  const walk = (v: unknown, depth: number): void => {
+    if (depth > 32 || v === null || typeof v !== "object") return
+    for (const [k, x] of Object.entries(v)) {
+      if (declared.has(k) && x !== null && x !== undefined && x !== "") {
+        strings(x, 0)
+        const text = secretValue(x)
+        if (text.length >= minScrubbed) found.add(text)
+      } else walk(x, depth + 1)
+    }
+  }
+  walk(finding, 0)
+  return [...found].sort((a, b) => b.length - a.length)
+}
+
+/**
+ * The text with every clear value replaced by its marker
+ * `[redacted <fingerprint prefix>]`, so a scanner that also prints a secret
+ * elsewhere (its log, a context line of the finding) does not leak it.
+ */
+export const scrubText = (fleetKeyHex: string, text: string, values: ReadonlyArray<string>): string => {
+  let out = text
+  for (const v of values) if (out.includes(v)) out = out.split(v).join(`[redacted ${fingerprint(fleetKeyHex, v).slice(0, Findings.fingerprintPrefix.length + 12)}]`)
+  return out
+}
+
 /** Redaction options. */
 export interface Options {
   /** Upload the clear values too, for a server configured with a raw-upload key (default false). */
@@ -57,7 +95,9 @@ export const redact = (fleetKeyHex: string, scanner: string, map: Findings.Field
   const declared = Findings.declaredFor(scanner, map.secretFields)
   const raw: Record<string, string> = {}
   const redacted = new Set<string>()
+  const clear = clearValues(scanner, map, finding)
   const scrub = (v: unknown, path: string): unknown => {
+    if (typeof v === "string") return clear.length === 0 ? v : scrubText(fleetKeyHex, v, clear)
     if (path.split(".").length > 32 || v === null || typeof v !== "object") return v
     if (Array.isArray(v)) return v.map((x, i) => scrub(x, `${path}${i}.`))
     const out: Record<string, unknown> = {}
@@ -102,6 +142,8 @@ export interface Redactor {
   readonly ready: () => Promise<void>
   /** Redacts a result's findings; waits for the fleet key, retrying while the server is unreachable. */
   readonly findings: (fs: ReadonlyArray<Record<string, unknown>>) => Promise<Array<Record<string, unknown>>>
+  /** Redacts a result: its findings, and in its log every clear value those findings declared secret. */
+  readonly result: (staged: { readonly findings: ReadonlyArray<Record<string, unknown>>; readonly log: string }) => Promise<{ readonly findings: Array<Record<string, unknown>>; readonly log: string }>
 }
 
 /**
@@ -127,20 +169,30 @@ export const make = (opts: { readonly server: string; readonly token: string; re
     key = FindingsApi.FleetKey.parse(JSON.parse(text)).key
     return key
   }
+  const keyEventually = async (): Promise<string> => {
+    for (let wait = 200; ; wait = Math.min(wait * 2, 5000)) {
+      try {
+        return await fetchKey()
+      } catch {
+        await new Promise((r) => setTimeout(r, wait))
+      }
+    }
+  }
   return {
     ready: async () => {
       await fetchKey()
     },
     findings: async (fs) => {
-      let k: string | null = null
-      for (let wait = 200; k === null; wait = Math.min(wait * 2, 5000)) {
-        try {
-          k = await fetchKey()
-        } catch {
-          await new Promise((r) => setTimeout(r, wait))
-        }
+      const k = await keyEventually()
+      return fs.map((f) => redact(k, opts.scanner.name, map, f, { rawUpload: opts.rawUpload ?? false }) as Record<string, unknown>)
+    },
+    result: async (staged) => {
+      const k = await keyEventually()
+      const values = [...new Set(staged.findings.flatMap((f) => clearValues(opts.scanner.name, map, f)))].sort((a, b) => b.length - a.length)
+      return {
+        findings: staged.findings.map((f) => redact(k, opts.scanner.name, map, f, { rawUpload: opts.rawUpload ?? false }) as Record<string, unknown>),
+        log: scrubText(k, staged.log, values)
       }
-      return fs.map((f) => redact(k!, opts.scanner.name, map, f, { rawUpload: opts.rawUpload ?? false }) as Record<string, unknown>)
     }
   }
 }

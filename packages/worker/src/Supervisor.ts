@@ -330,8 +330,9 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
         const started = yield* mustGet(k)
         if (started.phase === null || PhaseModel.canTransition(started.phase, "bundling")) yield* append(k, "bundling")
         const a = yield* mustGet(k)
-        // Redaction: no declared secret value leaves the device (nor reaches the local result queue).
-        const body = resultBody(a.fence, outcome, finalPhase, yield* Effect.promise(() => redactor.findings(staged.findings)), staged.log)
+        // Redaction: no declared secret value leaves the device (nor reaches the local result queue), in the findings or in the log.
+        const redacted = yield* Effect.promise(() => redactor.result(staged))
+        const body = resultBody(a.fence, outcome, finalPhase, redacted.findings, redacted.log)
         if (a.phase !== "uploading" && a.phase !== "awaiting_receipt") yield* append(k, "uploading")
         const cur = yield* mustGet(k)
         const waiting = cur.phase === "awaiting_receipt" ? cur.lastSeq : (yield* append(k, "awaiting_receipt")).seq

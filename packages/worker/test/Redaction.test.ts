@@ -1,7 +1,7 @@
 import { readdirSync, readFileSync } from "node:fs"
 import { mkdtempSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
-import { join } from "node:path"
+import { dirname, join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { Findings } from "@scanfleet/core"
 import { describe, expect, it } from "@effect/vitest"
@@ -49,9 +49,21 @@ describe("redaction at the device", () => {
     expect(Redaction.redact(key, "trufflehog", Findings.fieldMaps.trufflehog, truffle("AKIAFAKE0000EXAMPLE1"), { rawUpload: true }).raw).toEqual({ Raw: "AKIAFAKE0000EXAMPLE1", RawV2: "AKIAFAKE0000EXAMPLE1/x" })
   })
 
+  it.prop("a scrubbed text holds none of the clear values its findings declared secret, and keeps the rest", [fc.stringMatching(/^[A-Za-z0-9]{8,40}$/), fc.string({ maxLength: 40 })], ([secret, around]) => {
+    fc.pre(!around.includes(secret) && !secret.includes("redacted"))
+    const finding = { ruleId: "r", message: "m", data: { TOKEN: secret }, filePath: "f" }
+    const values = Redaction.clearValues("secretlint", Findings.fieldMaps.secretlint, finding)
+    const text = `${around}${secret}\n${secret}${around}`
+    const out = Redaction.scrubText(key, text, values)
+    expect(out.includes(secret)).toBe(false)
+    expect(out.split("[redacted ").length - 1).toBe(2)
+    expect(Redaction.scrubText(key, around, values)).toBe(around)
+  })
+
   it("a real device: the scanner's secrets reach neither the server nor the device's own result queue", async () => {
-    const fleet = await Fleet.start({ scanSeconds: 20 })
     const dir = mkdtempSync(join(tmpdir(), "scanfleet-redaction-"))
+    const serverDb = join(mkdtempSync(join(tmpdir(), "scanfleet-redaction-server-")), "server.db")
+    const fleet = await Fleet.start({ scanSeconds: 20, databaseUrl: `sqlite:${serverDb}` })
     const secrets = ["PLANTEDdeviceAAAAAAAA1111", "PLANTEDdeviceBBBBBBBB2222"]
     let device: Supervisor.Device | null = null
     try {
@@ -73,6 +85,10 @@ describe("redaction at the device", () => {
       expect(JSON.stringify(stored).includes("PLANTED")).toBe(false)
       await device.stop()
       device = null
+      // the server's database holds the result (its log named each secret on stderr) but no secret: the log was scrubbed too
+      const serverFiles = readdirSync(dirname(serverDb)).map((f) => join(dirname(serverDb), f))
+      expect(serverFiles.some((f) => readFileSync(f).includes(Buffer.from("verifying candidate [redacted "))), "the scrubbed log line is stored").toBe(true)
+      for (const f of serverFiles) for (const s of secrets) expect(readFileSync(f).includes(Buffer.from(s)), `${f} holds ${s}`).toBe(false)
       // the state database, its WAL, and whatever the stage folder still holds
       const files = readdirSync(dir, { recursive: true, withFileTypes: true }).filter((e) => e.isFile()).map((e) => join(e.parentPath, e.name))
       expect(files.length).toBeGreaterThan(0)
@@ -81,6 +97,7 @@ describe("redaction at the device", () => {
       await device?.stop()
       await fleet.close()
       rmSync(dir, { recursive: true, force: true })
+      rmSync(dirname(serverDb), { recursive: true, force: true })
     }
   }, 60_000)
 })
