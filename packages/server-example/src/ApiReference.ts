@@ -227,6 +227,16 @@ export const operations: ReadonlyArray<Endpoint> = [
   },
   {
     method: "POST",
+    path: "/v1/admin/targets/priority",
+    auth: "admin",
+    summary:
+      "Sets a target's claim priority, an integer in [-100, 100] (0 by default), kept until changed (also across rescans). Claims take pending targets by `id - priority × 10000`, then id: a priority `p` claims a target as if it had been discovered `p × 10000` targets earlier, so urgent work goes ahead of newer work and of older work up to that shift, and no target is ever passed by more than 2,000,000 targets discovered after it (no starvation). Not an authority change: an assignment in flight keeps its fence. Audited with the previous and the new value.",
+    body: AdminApi.SetPriority,
+    response: { status: 200, schema: AdminApi.TargetView },
+    errors: ["404 no such target"]
+  },
+  {
+    method: "POST",
     path: "/v1/admin/assignments/:id/cancel",
     auth: "admin",
     summary:
