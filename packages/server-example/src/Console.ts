@@ -1,5 +1,5 @@
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
-import { AdminApi, type Errors, Operations, Percentile, PhaseModel, Source, Store, Target, type WorkerApi } from "@scanfleet/core"
+import { AdminApi, type Errors, Operations, Percentile, PhaseModel, Priority, Source, Store, Target, type WorkerApi } from "@scanfleet/core"
 import { Eta } from "eta"
 import { Clock, Effect } from "effect"
 import { readFileSync } from "node:fs"
@@ -19,7 +19,7 @@ import * as Views from "./Views.js"
 /**
  * The operator console: server-rendered pages (no script needed) to search targets, inspect one
  * with its assignments (phase timeline bar, the three labelled deadlines, expiry evidence), and
- * act: requeue a target, cancel an assignment, pause or resume a source. Pages are Eta templates
+ * act: requeue a target, set its claim priority, cancel an assignment, pause or resume a source. Pages are Eta templates
  * with auto-escaping on: every `<%= %>` value is escaped by the engine, and `<%~ %>` only ever
  * inserts the output of another template. Actions are POST forms behind the dashboard session
  * with a CSRF token bound to it, answered with a redirect back to the page.
@@ -61,6 +61,18 @@ eta.loadTemplate(
 <button data-testid="<%= it.testid %>-submit"><%= it.label %></button></form>`
 )
 
+// The priority form: the same hidden fields as an action, plus the number (the store checks its range).
+eta.loadTemplate(
+  "@priority",
+  `<form class="inline" method="post" action="/console/actions/priority" data-testid="priority">
+<input type="hidden" name="csrf" value="<%= it.csrf %>"><input type="hidden" name="back" value="<%= it.back %>">
+<input type="hidden" name="source" value="<%= it.source %>"><input type="hidden" name="identity" value="<%= it.identity %>">
+<label> Priority <input type="number" name="priority" min="<%= it.min %>" max="<%= it.max %>" step="1" value="<%= it.value %>" required data-testid="priority-value"></label>
+<input name="reason" required placeholder="reason (audited)" aria-label="reason" data-testid="priority-reason">
+<button data-testid="priority-submit">Set priority</button>
+<span class="muted">from <%= it.min %> to <%= it.max %>; claims take a higher one first, by at most <%= it.shift %> targets per step</span></form>`
+)
+
 eta.loadTemplate(
   "@targets",
   `<form method="get" data-testid="target-search">
@@ -82,9 +94,11 @@ eta.loadTemplate(
 <dl class="kv" data-testid="target-fields">
 <dt>Status</dt><dd data-testid="target-status"><%= it.t.status %></dd><dt>Fence</dt><dd data-testid="target-fence"><%= it.t.fence %></dd>
 <dt>Attempts at this revision</dt><dd data-testid="target-attempts"><%= it.t.attempts %></dd>
+<dt>Claim priority</dt><dd data-testid="target-priority"><%= it.t.priority %></dd>
 <% for (const [k, v] of it.times) { %><dt><%= k %></dt><dd><%= v %></dd><% } %>
 <dt>Failure backoff</dt><dd data-testid="target-backoff"><%= it.backoff %></dd></dl>
 <% if (it.requeue) { %><%~ include("@action", it.requeue) %><% } %>
+<%~ include("@priority", it.priority) %>
 <h2>Assignments (<%= it.assignments.length %>)</h2>
 <% for (const a of it.assignments) { %><section data-testid="assignment-<%= a.id %>">
 <h3>Reservation <%= a.id %>: <span data-testid="assignment-<%= a.id %>-state"><%= a.state %></span><%= a.outcome ? " (" + a.outcome + ")" : "" %>, device <%= a.device %> slot <%= a.slot %></h3>
@@ -288,6 +302,7 @@ const target = Effect.gen(function* () {
         ["Changed", iso(t.changedAt)]
       ],
       backoff: `${t.redrive.redrives} redrive(s) at this revision; ${t.redrive.retryAt !== null ? `next redrive at ${iso(t.redrive.retryAt)}` : "no redrive planned"}`,
+      priority: { csrf, back, source: t.source, identity: t.identity, value: t.priority, min: Priority.min, max: Priority.max, shift: Priority.step.toLocaleString("en") },
       requeue: t.status !== "in_progress" && t.status !== "pending" ? actionData("/console/actions/requeue", csrf, back, { source: t.source, identity: t.identity }, "Requeue", "requeue") : null,
       assignments: i.assignments.map(({ assignment, timeline, cancellation }) => {
         const a = Views.assignment(assignment, now, fleet.id)
@@ -363,7 +378,9 @@ const ActionForm = z.object({
   reason: AdminApi.Reason,
   source: Source.SourceSchema.optional(),
   identity: z.string().min(1).optional(),
-  reservationId: z.coerce.number().int().min(1).optional()
+  reservationId: z.coerce.number().int().min(1).optional(),
+  // kept as text: the operator port refuses a priority out of range with its reason, shown on the page
+  priority: z.string().trim().min(1).optional()
 })
 
 /** POST /console/actions/:action: one operator action from a console form; answers with a redirect to the page it came from. */
@@ -382,6 +399,8 @@ const action = Effect.gen(function* () {
   const run: Effect.Effect<string, Operations.OperationRefused | Errors.NotFound | Errors.StoreError | null, Controls.Controls> =
     params.action === "requeue" && f.source && f.identity
       ? Effect.as(ops.requeue(f.source, f.identity, who), `requeued ${f.source}:${f.identity}`)
+      : params.action === "priority" && f.source && f.identity && f.priority !== undefined
+        ? Effect.as(ops.setPriority(f.source, f.identity, Number(f.priority), who), `set the priority of ${f.source}:${f.identity} to ${Number(f.priority)}`)
       : params.action === "cancel" && f.reservationId
         ? Effect.as(ops.cancel(f.reservationId, who), `cancelled reservation ${f.reservationId}`)
         : (params.action === "pause" || params.action === "resume") && f.source

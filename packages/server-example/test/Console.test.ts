@@ -138,6 +138,33 @@ describe.skipIf(!haveChromium)("operator console in headless Chromium (SQLite fi
     await page.close()
   })
 
+  it("set a priority from the console: the next claim takes that target ahead of an older pending one; out of range is refused with its reason and changes nothing", async () => {
+    const page = await ctx.newPage()
+    await page.goto(`${s.url}/console/targets?source=dockerhub`)
+    await page.locator("[data-testid=targets-results] a").first().click()
+    expect(await page.getByTestId("target-status").textContent()).toBe("pending")
+    expect(await page.getByTestId("target-priority").textContent()).toBe("0")
+    await page.getByTestId("priority-value").fill("7")
+    await page.getByTestId("priority-reason").fill("release blocker")
+    await page.getByTestId("priority-submit").click()
+    expect(await page.getByTestId("notice").textContent()).toBe(`set the priority of dockerhub:${longDigest} to 7`)
+    expect(await page.getByTestId("target-priority").textContent()).toBe("7")
+    await shot(page, "priority")
+    // The browser keeps the field in range; a request past it (with the page's own CSRF token) is refused by the store's rule.
+    const csrf = await page.locator("[data-testid=priority] input[name=csrf]").getAttribute("value")
+    const back = `/console/target?${new URLSearchParams({ source: "dockerhub", identity: longDigest })}`
+    const res = await ctx.request.post(`${s.url}/console/actions/priority`, { form: { csrf: csrf!, back, reason: "x", source: "dockerhub", identity: longDigest, priority: "500" }, maxRedirects: 0 })
+    expect(res.status()).toBe(303)
+    expect(new URL(res.headers().location ?? "", s.url).searchParams.get("refused")).toBe("priority 500 is not an integer in [-100, 100]")
+    expect((await s.admin("GET", `/v1/admin/targets/inspect?source=dockerhub&identity=${encodeURIComponent(longDigest)}`)).body.target.priority).toBe(7)
+    expect((await s.admin("GET", "/v1/admin/audit?limit=1")).body.entries[0]).toMatchObject({ action: "set_priority", who: "dashboard", why: "release blocker", detail: { from: 0, to: 7 } })
+    // acme/broken (requeued above) is older and pending too: the priority takes the dockerhub target first
+    const next = (await s.device(device.token, "POST", "/v1/assignments/claim", { slot: 0 })).body.assignment
+    expect(next.target.identity).toBe(longDigest)
+    await s.device(device.token, "POST", `/v1/assignments/${next.reservationId}/release`, { fence: next.fence })
+    await page.close()
+  })
+
   it("charts of outcomes and promotions over time and of percentiles per window are drawn from the server's own uPlot, over tables of the same numbers", async () => {
     const page = await ctx.newPage()
     const errors: Array<string> = []
