@@ -363,7 +363,7 @@ export const other: ReadonlyArray<Endpoint> = [
     path: "/console/actions/:action",
     auth: "admin (bearer or cookie)",
     summary:
-      "A console form's action (`requeue`, `cancel`, `pause`, `resume`), as `application/x-www-form-urlencoded` with `csrf` (the token the page embeds, bound to the dashboard session), `reason` (audited, actor `dashboard`), `back` (the console page to return to) and the subject's fields. Answers 303 to `back` with `done=` or `refused=`; a missing or wrong CSRF token gets 403 and changes nothing.",
+      "A console form's action (`requeue`, `priority` with its `priority` field, `cancel`, `pause`, `resume`), as `application/x-www-form-urlencoded` with `csrf` (the token the page embeds, bound to the dashboard session), `reason` (audited, actor `dashboard`), `back` (the console page to return to) and the subject's fields. Answers 303 to `back` with `done=` or `refused=`; a missing or wrong CSRF token gets 403 and changes nothing.",
     response: { status: 303, note: "redirect; 403 HTML page when the CSRF check fails" }
   },
   { method: "GET", path: "/metrics", auth: "none", summary: "Prometheus text exposition (see docs/server.md for the metric names).", response: { status: 200, note: "text/plain; version=0.0.4" } },
