@@ -132,17 +132,16 @@ export interface OutcomeBucket {
   readonly released: number
 }
 
+/**
+ * The one bucket an assignment in `state` with `outcome` counts in (null while active): an
+ * assignment killed at its deadline is timed out and not also failed. Every count of outcomes
+ * (the summary, the dashboard, the charts) uses it.
+ */
+export const bucketOf = (state: Assignment["state"], outcome: Assignment["outcome"]): keyof Omit<OutcomeBucket, "start"> | null =>
+  state === "active" ? null : state === "completed" ? "completed" : state === "failed" ? (outcome === "killed_at_deadline" ? "timedOut" : "failed") : state
+
 /** The bucket an assignment that ended counts in, or null when it has not ended. */
-export const outcomeOf = (a: Assignment): keyof Omit<OutcomeBucket, "start"> | null =>
-  a.endedAt === null || a.state === "active"
-    ? null
-    : a.state === "completed"
-      ? "completed"
-      : a.state === "failed"
-        ? a.outcome === "killed_at_deadline"
-          ? "timedOut"
-          : "failed"
-        : a.state
+export const outcomeOf = (a: Assignment): keyof Omit<OutcomeBucket, "start"> | null => (a.endedAt === null ? null : bucketOf(a.state, a.outcome))
 
 /** A held lease and its fencing token (strictly greater for every new holder). */
 export interface Lease {
