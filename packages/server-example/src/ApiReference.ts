@@ -340,7 +340,7 @@ export const other: ReadonlyArray<Endpoint> = [
     path: "/console/charts",
     auth: "admin (bearer or cookie)",
     summary:
-      "Charts of assignments ended per hour over the last 24 h (completed, timed out, failed otherwise, expired: each counted once) with the targets promoted per hour, and of the p50/p95/p99 of one metric (`?metric=`, default `end_to_end`) per window (1 h, 6 h, 24 h, 7 d; the slowest source and outcome with enough samples). Drawn with uPlot served from `/assets/`; the same numbers are in tables for browsers without script.",
+      "Charts of assignments ended per hour over the last 24 h (completed, timed out, failed otherwise, expired: each counted once) with the targets promoted per hour, and of the p50/p95/p99 of one group (`?source=&metric=&outcome=`; unless all three are given, the busiest group of the span matching those that are) in consecutive windows (`?span=24h`: hourly over the last 24 h, the default; `7d`: 6-hourly over 7 days), each window read on its own, insufficient windows left as gaps; the page links every group with samples in the span. Drawn with uPlot served from `/assets/`; the same numbers are in tables for browsers without script.",
     response: { status: 200, note: "text/html" }
   },
   {
