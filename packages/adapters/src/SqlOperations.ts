@@ -335,7 +335,7 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
             const out = [...buckets]
             for (const r of rows) {
               const i = Math.floor(Number(r.b))
-              const k = Operations.outcomeOf({ state: r.state, outcome: Number(r.killed) === 1 ? "killed_at_deadline" : null, endedAt: 0 } as never)
+              const k = Operations.bucketOf(r.state as Assignment.State, Number(r.killed) === 1 ? "killed_at_deadline" : null)
               if (k !== null && out[i]) out[i] = { ...out[i], [k]: out[i][k] + Number(r.n) }
             }
             return out
