@@ -511,6 +511,7 @@ const charts = Effect.gen(function* () {
       windows: windows.map((w) => ({ label: iso(w.start).slice(0, 16), count: w.count, p50: secs(w.p50), p95: secs(w.p95), p99: secs(w.p99) })),
       percentilesChart: JSON.stringify({
         kind: "time",
+        xLabel: "window start",
         x: windows.map((w) => w.start / 1000),
         series: (["p50", "p95", "p99"] as const).map((k) => ({ label: `${k} (s)`, values: windows.map((w) => value(w[k])) }))
       })
@@ -535,8 +536,8 @@ document.querySelectorAll("[data-chart]").forEach(function (el) {
   var colors = ["#59a14f", "#e15759", "#f28e2b", "#9c755f", "#4e79a7"];
   var opts = {
     width: Math.min(900, el.clientWidth || 900), height: 260,
-    scales: { x: { time: d.kind === "time", distr: d.kind === "time" ? 1 : 3 } },
-    series: [{ label: d.kind === "time" ? "hour" : "window (hours)" }].concat(d.series.map(function (s, i) { return { label: s.label, stroke: colors[i % colors.length], width: 2, points: { show: true } }; }))
+    scales: { x: { time: true } },
+    series: [{ label: d.xLabel || "hour" }].concat(d.series.map(function (s, i) { return { label: s.label, stroke: colors[i % colors.length], width: 2, points: { show: true } }; }))
   };
   new uPlot(opts, [d.x].concat(d.series.map(function (s) { return s.values; })), el);
   el.setAttribute("data-drawn", "true");
