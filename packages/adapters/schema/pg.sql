@@ -295,7 +295,8 @@ CREATE TABLE targets (
   last_scan_started_at bigint,
   fence integer DEFAULT 0 NOT NULL,
   attempts integer DEFAULT 0 NOT NULL,
-  discovered_at bigint NOT NULL
+  discovered_at bigint NOT NULL,
+  priority integer DEFAULT 0 NOT NULL
 );
 
 ALTER TABLE assignments ADD CONSTRAINT assignments_active_slot_range CHECK (((state <> 'active'::text) OR ((slot >= 0) AND (slot < device_slots))));
@@ -336,6 +337,7 @@ ALTER TABLE source_pauses ADD CONSTRAINT source_pauses_source_check CHECK ((sour
 ALTER TABLE target_retries ADD CONSTRAINT target_retries_pkey PRIMARY KEY (target_id);
 ALTER TABLE target_retries ADD CONSTRAINT target_retries_target_id_fkey FOREIGN KEY (target_id) REFERENCES targets(id);
 ALTER TABLE targets ADD CONSTRAINT targets_pkey PRIMARY KEY (id);
+ALTER TABLE targets ADD CONSTRAINT targets_priority_check CHECK (((priority >= '-100'::integer) AND (priority <= 100)));
 ALTER TABLE targets ADD CONSTRAINT targets_source_check CHECK ((source = ANY (ARRAY['github'::text, 'gitlab'::text, 'huggingface'::text, 'dockerhub'::text])));
 ALTER TABLE targets ADD CONSTRAINT targets_source_identity_key UNIQUE (source, identity);
 ALTER TABLE targets ADD CONSTRAINT targets_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'in_progress'::text, 'completed'::text, 'failed'::text, 'deferred'::text, 'unresolved'::text])));
@@ -374,8 +376,8 @@ CREATE UNIQUE INDEX progress_events_pkey ON progress_events USING btree (reserva
 CREATE UNIQUE INDEX scanfleet_migrations_pkey ON scanfleet_migrations USING btree (migration_id);
 CREATE UNIQUE INDEX source_pauses_pkey ON source_pauses USING btree (source);
 CREATE UNIQUE INDEX target_retries_pkey ON target_retries USING btree (target_id);
+CREATE INDEX targets_claim_idx ON targets USING btree (((id - (priority * 10000))), id) WHERE (status = 'pending'::text);
 CREATE INDEX targets_failed_idx ON targets USING btree (source, id) WHERE (status = ANY (ARRAY['failed'::text, 'unresolved'::text]));
-CREATE INDEX targets_pending_idx ON targets USING btree (id) WHERE (status = 'pending'::text);
 CREATE UNIQUE INDEX targets_pkey ON targets USING btree (id);
 CREATE INDEX targets_promotion_idx ON targets USING btree (source, COALESCE(last_scan_started_at, completed_at, (0)::bigint), id) WHERE ((status = 'completed'::text) AND (observed_remote_at > COALESCE(covered_remote_at, completed_at)));
 CREATE UNIQUE INDEX targets_source_identity_key ON targets USING btree (source, identity);

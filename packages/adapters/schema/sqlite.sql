@@ -219,7 +219,7 @@ CREATE TABLE targets (
       last_scan_started_at BIGINT,
       fence INTEGER NOT NULL DEFAULT 0,
       attempts INTEGER NOT NULL DEFAULT 0,
-      discovered_at BIGINT NOT NULL,
+      discovered_at BIGINT NOT NULL, priority INTEGER NOT NULL DEFAULT 0 CHECK (priority BETWEEN -100 AND 100),
       CONSTRAINT targets_source_identity_key UNIQUE (source, identity)
     );
 
@@ -266,9 +266,9 @@ CREATE INDEX findings_identity_idx ON findings (source, identity, id);
 
 CREATE INDEX findings_source_idx ON findings (source, status, id);
 
-CREATE INDEX targets_failed_idx ON targets (source, id) WHERE status IN ('failed', 'unresolved');
+CREATE INDEX targets_claim_idx ON targets ((id - priority * 10000), id) WHERE status = 'pending';
 
-CREATE INDEX targets_pending_idx ON targets (id) WHERE status = 'pending';
+CREATE INDEX targets_failed_idx ON targets (source, id) WHERE status IN ('failed', 'unresolved');
 
 CREATE INDEX targets_promotion_idx ON targets (source, (COALESCE(last_scan_started_at, completed_at, 0)), id)
     WHERE status = 'completed' AND observed_remote_at > COALESCE(covered_remote_at, completed_at);

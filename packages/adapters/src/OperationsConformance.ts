@@ -1,7 +1,7 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Context, Effect, Either, Exit, Layer, Scope } from "effect"
 import * as fc from "effect/FastCheck"
-import { type Assignment, Config, MemoryStore, Operations, Retry, type Source, Store } from "@scanfleet/core"
+import { type Assignment, Config, MemoryStore, Operations, Priority, Retry, type Source, Store } from "@scanfleet/core"
 
 /** What an operations backend can be asked to prove beyond the common behaviour. */
 export interface OperationsCapabilities {
@@ -173,6 +173,72 @@ export const operationsConformance = (name: string, make: MakeOperations, capabi
           const [e] = yield* o.listAudit({ limit: 10 })
           expect(e).toMatchObject({ at: T0 + 2 * MIN, who: "admin", action: "requeue", subject: "github:o/r", why: "scanner fixed" })
           expect(JSON.parse(e.detail)).toEqual({ from: "failed" })
+        }))
+    })
+
+    describe("claim priority", () => {
+      const identityOf = (a: Assignment.Assignment | null) => a?.identity ?? null
+      test("claims take a higher priority ahead of id order, the rest keep id order, and every change is audited with who, why, from and to", (s, o) =>
+        Effect.gen(function* () {
+          const d = yield* s.addDevice({ name: "d", slots: 4, tokenHash: "h", now: T0 })
+          yield* s.recordObservations(["a", "b", "c", "d"].map((i) => obs("github", i, null)), T0)
+          const set = yield* o.setPriority("github", "c", 5, { who: "alice", why: "customer escalation", now: T0 + MIN })
+          expect(set).toMatchObject({ identity: "c", priority: 5, status: "pending", fence: 0 })
+          yield* o.setPriority("github", "a", -1, who(T0 + MIN))
+          const order: Array<string | null> = []
+          for (let slot = 0; slot < 4; slot++) order.push(identityOf(yield* s.claim({ deviceId: d.id, slot, now: T0 + 2 * MIN, config })))
+          expect(order).toEqual(["c", "b", "d", "a"])
+          expect((yield* s.getTarget("github", "c")).priority).toBe(5)
+          const [entry] = yield* o.listAudit({ limit: 2 }).pipe(Effect.map((es) => es.filter((e) => e.subject === "github:c")))
+          expect(entry).toMatchObject({ action: "set_priority", who: "alice", why: "customer escalation", at: T0 + MIN, subject: "github:c" })
+          expect(JSON.parse(entry.detail)).toEqual({ from: 0, to: 5 })
+        }))
+
+      test("every claim path honours it: a batch fills its slots in claim order, a filtered and a capped claim take the prioritised target first", (s, o) =>
+        Effect.gen(function* () {
+          const d = yield* s.addDevice({ name: "d", slots: 4, tokenHash: "h", now: T0 })
+          yield* s.recordObservations([obs("github", "g1", null), obs("gitlab", "l1", null), obs("github", "g2", null), obs("gitlab", "l2", null)], T0)
+          yield* s.recordObservations([obs("github", "g3", null), obs("gitlab", "l3", null)], T0)
+          yield* o.setPriority("github", "g3", 1, who(T0))
+          yield* o.setPriority("gitlab", "l3", 2, who(T0))
+          const batch = yield* s.claimMany({ deviceId: d.id, slots: [2, 0], now: T0, config })
+          expect(batch.map((a) => [a.slot, a.identity])).toEqual([[2, "l3"], [0, "g3"]])
+          expect(identityOf(yield* s.claim({ deviceId: d.id, slot: 1, now: T0, config, sources: ["gitlab"] }))).toBe("l1")
+          yield* o.setPriority("github", "g2", 100, who(T0))
+          expect(identityOf(yield* s.claim({ deviceId: d.id, slot: 3, now: T0, config, sourceCap: 3 }))).toBe("g2")
+        }))
+
+      test("the shift is bounded: priority p moves a target by p × step ids, so at -1 it still goes before the target step ids newer (no starvation), at -2 not", (s, o) =>
+        Effect.gen(function* () {
+          const d = yield* s.addDevice({ name: "d", slots: 1, tokenHash: "h", now: T0 })
+          yield* s.recordObservations([obs("github", "old", null)], T0)
+          yield* o.setPriority("github", "old", -1, who(T0))
+          // step - 1 newer targets elsewhere, then two github targets: "edge" is exactly step ids newer than "old"
+          const batch = [...Array.from({ length: Priority.step - 1 }, (_, i) => obs("gitlab", `n${i}`, null)), obs("github", "edge", null), obs("github", "after", null)]
+          yield* s.recordObservations(batch, T0)
+          const [old, edge] = yield* Effect.all([s.getTarget("github", "old"), s.getTarget("github", "edge")])
+          expect(edge.id - old.id, "a fresh store numbers one batch consecutively").toBe(Priority.step)
+          const first = yield* s.claim({ deviceId: d.id, slot: 0, now: T0, config, sources: ["github"] })
+          expect(identityOf(first)).toBe("old")
+          yield* s.release(auth(first!, T0))
+          yield* o.setPriority("github", "old", -2, who(T0))
+          const second = yield* s.claim({ deviceId: d.id, slot: 0, now: T0, config, sources: ["github"] })
+          expect(identityOf(second)).toBe("edge")
+        }), 60_000)
+
+      test("a priority outside [-100, 100] or on an unknown target is refused and changes nothing; it is not an authority change", (s, o) =>
+        Effect.gen(function* () {
+          const d = yield* s.addDevice({ name: "d", slots: 1, tokenHash: "h", now: T0 })
+          yield* s.recordObservations([obs("github", "a", null)], T0)
+          for (const p of [101, -101, 1.5]) expect(yield* failure(o.setPriority("github", "a", p, who(T0)))).toMatchObject({ _tag: "OperationRefused", reason: "invalid_priority" })
+          expect(yield* failure(o.setPriority("github", "nope", 1, who(T0)))).toMatchObject({ _tag: "NotFound" })
+          expect((yield* s.getTarget("github", "a")).priority).toBe(0)
+          expect((yield* o.listAudit({ limit: 10 })).filter((e) => e.action === "set_priority")).toEqual([])
+          const a = yield* claimed(s, d.id, 0, T0)
+          const t = yield* o.setPriority("github", "a", 7, who(T0 + MIN))
+          expect(t).toMatchObject({ status: "in_progress", fence: a.fence, priority: 7 })
+          expect(yield* finish(s, a, T0 + 2 * MIN)).toMatchObject({ reservationId: a.reservationId })
+          expect(yield* s.getTarget("github", "a")).toMatchObject({ status: "completed", priority: 7 })
         }))
     })
 
@@ -378,6 +444,7 @@ type Cmd =
   | { readonly _tag: "promote" }
   | { readonly _tag: "redrive"; readonly limit: number }
   | { readonly _tag: "requeue"; readonly identity: string }
+  | { readonly _tag: "prioritise"; readonly identity: string; readonly priority: number }
   | { readonly _tag: "cancel"; readonly pick: number }
   | { readonly _tag: "revoke" }
 
@@ -391,6 +458,7 @@ const cmd: fc.Arbitrary<Cmd> = fc.oneof(
   fc.record({ _tag: fc.constant("promote" as const) }),
   fc.record({ _tag: fc.constant("redrive" as const), limit: fc.integer({ min: 0, max: 2 }) }),
   fc.record({ _tag: fc.constant("requeue" as const), identity: fc.constantFrom(...identities) }),
+  fc.record({ _tag: fc.constant("prioritise" as const), identity: fc.constantFrom(...identities), priority: fc.constantFrom(-100, -1, 0, 1, 2, 100, 101) }),
   fc.record({ _tag: fc.constant("cancel" as const), pick: fc.nat() }),
   fc.record({ _tag: fc.constant("revoke" as const) })
 )
@@ -438,6 +506,8 @@ const checkModel = (make: MakeOperations, runs: number) =>
                   return yield* outcome(b.o.redriveDue("github", backoff, now, c.limit))
                 case "requeue":
                   return yield* outcome(b.o.requeue("github", c.identity, who(now)))
+                case "prioritise":
+                  return yield* outcome(b.o.setPriority("github", c.identity, c.priority, who(now)))
                 case "cancel": {
                   const as = yield* active()
                   if (as.length === 0) return "none"

@@ -239,6 +239,19 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
         })
       ),
 
+    setPriority: (source, identity, priority, actor) =>
+      transaction(
+        Effect.gen(function* () {
+          const refused = Operations.priorityRefusal(priority)
+          if (refused) return yield* refused
+          const t = yield* findTarget(source, identity, true)
+          // not an authority change: the fence stays, so an assignment in flight keeps its writes
+          yield* sql`UPDATE targets SET priority = ${priority} WHERE id = ${t.id}`
+          yield* record("set_priority", Operations.targetSubject(source, identity), { from: t.priority, to: priority }, actor)
+          return { ...t, priority }
+        })
+      ),
+
     cancel: (reservationId, actor) =>
       transaction(
         Effect.gen(function* () {
@@ -322,7 +335,7 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
             const out = [...buckets]
             for (const r of rows) {
               const i = Math.floor(Number(r.b))
-              const k = Operations.outcomeOf({ state: r.state, outcome: Number(r.killed) === 1 ? "killed_at_deadline" : null, endedAt: 0 } as never)
+              const k = Operations.bucketOf(r.state as Assignment.State, Number(r.killed) === 1 ? "killed_at_deadline" : null)
               if (k !== null && out[i]) out[i] = { ...out[i], [k]: out[i][k] + Number(r.n) }
             }
             return out

@@ -59,7 +59,7 @@ describe("postgres query plans use the partial indexes made for them", () => {
       // the assignments table holds one row here: forbid sequential scans to show the index serves the sweep
       const expire = yield* explain(url, find(sent, /FROM assignments WHERE state = 'active' AND expires_at <=/), "SET enable_seqscan = off")
       console.log(`claim:\n${claim}\n\npromotion:\n${promote}\n\nexpiry sweep:\n${expire}`)
-      expect(claim).toContain("targets_pending_idx")
+      expect(claim).toContain("targets_claim_idx")
       expect(claim).toContain("LockRows")
       expect(promote).toContain("targets_promotion_idx")
       expect(expire).toContain("assignments_active_expiry_idx")

@@ -1,5 +1,6 @@
 import { z } from "zod"
 import { actions } from "./Operations.js"
+import { PrioritySchema } from "./Priority.js"
 import { SourceSchema } from "./Source.js"
 import { StatusSchema } from "./Target.js"
 import { AssignmentView, DeviceView, TimelineEvent } from "./WorkerApi.js"
@@ -60,6 +61,7 @@ export const TargetView = z
     fence: z.number().int(),
     attempts: z.number().int(),
     discoveredAt: epochMs,
+    priority: PrioritySchema,
     changedAt: epochMs,
     redrive: z.object({ redrives: z.number().int(), revision: epochMs.nullable(), retryAt: epochMs.nullable(), plannedFence: z.number().int().nullable() }).strict()
   })
@@ -84,6 +86,9 @@ export const Inspection = z
 
 /** POST /v1/admin/targets/requeue */
 export const Requeue = z.object({ source: SourceSchema, identity: z.string().min(1), reason: Reason }).strict()
+
+/** POST /v1/admin/targets/priority: a priority in [Priority.min, Priority.max]; 0 is the default. */
+export const SetPriority = z.object({ source: SourceSchema, identity: z.string().min(1), priority: PrioritySchema, reason: Reason }).strict()
 
 /** POST /v1/admin/assignments/:id/cancel, /v1/admin/sources/:source/pause and /resume */
 export const WithReason = z.object({ reason: Reason }).strict()

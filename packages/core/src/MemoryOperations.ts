@@ -4,6 +4,7 @@ import * as Claim from "./Claim.js"
 import { NotFound } from "./Errors.js"
 import * as MemoryStore from "./MemoryStore.js"
 import * as Operations from "./Operations.js"
+import * as Priority from "./Priority.js"
 import * as Retry from "./Retry.js"
 import { sources, type Source } from "./Source.js"
 import type { StoreShape } from "./Store.js"
@@ -137,6 +138,18 @@ export const make = (store: StoreShape): Operations.OperationsShape => {
         redrive.delete(t.id)
         record("requeue", Operations.targetSubject(source, identity), { from: t.status }, actor)
         return Effect.succeed(detail(next))
+      }),
+
+    setPriority: (source, identity, priority, actor) =>
+      Effect.suspend((): Effect.Effect<Operations.TargetDetail, NotFound | Operations.OperationRefused> => {
+        const refused = Operations.priorityRefusal(priority)
+        if (refused) return Effect.fail(refused)
+        return Effect.map(find(source, identity), (t) => {
+          const next = Priority.set(t, priority)
+          st.targets.set(t.id, next)
+          record("set_priority", Operations.targetSubject(source, identity), { from: t.priority, to: priority }, actor)
+          return detail(next)
+        })
       }),
 
     cancel: (reservationId, actor) =>

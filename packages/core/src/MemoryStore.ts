@@ -7,6 +7,7 @@ import * as MemoryOperations from "./MemoryOperations.js"
 import * as Operations from "./Operations.js"
 import { ClaimRejected, NotFound } from "./Errors.js"
 import * as Percentile from "./Percentile.js"
+import * as Priority from "./Priority.js"
 import * as Promotion from "./Promotion.js"
 import type { Source } from "./Source.js"
 import { Store, compareAssignmentCounts, type AssignmentCount, type ClaimManyRequest, type ConfigVersion, type CycleTotal, type Device, type Fleet, type StoreShape } from "./Store.js"
@@ -69,7 +70,7 @@ export const make = (): StoreShape => {
   const authorize = (auth: { deviceId: number; reservationId: number; fence: number }) => WorkerWrite.authorize(auth, assignments.get(auth.reservationId))
 
   // A claim of one slot or of several, in one synchronous step: refused as a whole before anything
-  // changes, or each slot in order takes the lowest pending target left (the batch's own claims
+  // changes, or each slot in order takes the first pending target left in claim order (`Priority.compare`) (the batch's own claims
   // count against the per-source cap); it stops when nothing eligible is left.
   const claimSlots = (req: ClaimManyRequest): Either.Either<ReadonlyArray<Assignment.Assignment>, ClaimRejected> => {
     const d = devices.get(req.deviceId)
@@ -86,7 +87,7 @@ export const make = (): StoreShape => {
         if (t.status !== "pending") continue
         if (req.sources && !req.sources.includes(t.source)) continue
         if (req.sourceCap !== undefined && (inFlight.get(t.source) ?? 0) >= req.sourceCap) continue
-        if (!pick || t.id < pick.id) pick = t
+        if (!pick || Priority.compare(t, pick) < 0) pick = t
       }
       if (!pick) break
       // A pending target claimed at its own fence always succeeds.

@@ -3,6 +3,7 @@ import type { Assignment } from "./Assignment.js"
 import type { FailureBackoff } from "./Config.js"
 import type { NotFound, StoreError } from "./Errors.js"
 import type * as PhaseModel from "./PhaseModel.js"
+import * as Priority from "./Priority.js"
 import type * as Retry from "./Retry.js"
 import { sources, type Source } from "./Source.js"
 import type { Device, PromoteResult, PromoteRule } from "./Store.js"
@@ -20,6 +21,7 @@ export const actions = [
   "add_targets",
   "requeue",
   "cancel",
+  "set_priority",
   "pause_source",
   "resume_source",
   "set_device_sources",
@@ -44,7 +46,7 @@ export interface AuditEntry {
 
 /** An operator refusal: the action does not apply to the subject as it stands; nothing changed. */
 export class OperationRefused extends Data.TaggedError("OperationRefused")<{
-  readonly reason: "in_progress" | "already_pending" | "not_active" | "revoked"
+  readonly reason: "in_progress" | "already_pending" | "not_active" | "revoked" | "invalid_priority"
   readonly message: string
 }> {}
 
@@ -130,17 +132,16 @@ export interface OutcomeBucket {
   readonly released: number
 }
 
+/**
+ * The one bucket an assignment in `state` with `outcome` counts in (null while active): an
+ * assignment killed at its deadline is timed out and not also failed. Every count of outcomes
+ * (the summary, the dashboard, the charts) uses it.
+ */
+export const bucketOf = (state: Assignment["state"], outcome: Assignment["outcome"]): keyof Omit<OutcomeBucket, "start"> | null =>
+  state === "active" ? null : state === "completed" ? "completed" : state === "failed" ? (outcome === "killed_at_deadline" ? "timedOut" : "failed") : state
+
 /** The bucket an assignment that ended counts in, or null when it has not ended. */
-export const outcomeOf = (a: Assignment): keyof Omit<OutcomeBucket, "start"> | null =>
-  a.endedAt === null || a.state === "active"
-    ? null
-    : a.state === "completed"
-      ? "completed"
-      : a.state === "failed"
-        ? a.outcome === "killed_at_deadline"
-          ? "timedOut"
-          : "failed"
-        : a.state
+export const outcomeOf = (a: Assignment): keyof Omit<OutcomeBucket, "start"> | null => (a.endedAt === null ? null : bucketOf(a.state, a.outcome))
 
 /** A held lease and its fencing token (strictly greater for every new holder). */
 export interface Lease {
@@ -166,6 +167,11 @@ export class Operations extends Context.Tag("@scanfleet/core/Operations")<
     readonly inspectTarget: (source: Source, identity: string, limit: number) => Effect.Effect<Inspection, NotFound | StoreError>
     /** Puts a target that is not in flight back to pending with fresh budgets (fence bumped). */
     readonly requeue: (source: Source, identity: string, actor: Actor) => Effect.Effect<TargetDetail, NotFound | OperationRefused | StoreError>
+    /**
+     * Sets a target's claim priority (`Priority`: an integer in [min, max], 0 by default), kept until
+     * changed; claims take pending targets in `Priority.compare` order. Not an authority change.
+     */
+    readonly setPriority: (source: Source, identity: string, priority: number, actor: Actor) => Effect.Effect<TargetDetail, NotFound | OperationRefused | StoreError>
     /** Ends an active reservation (fenced: the device's next write is refused) and returns its target to pending. */
     readonly cancel: (reservationId: number, actor: Actor) => Effect.Effect<Assignment, NotFound | OperationRefused | StoreError>
     /** Pauses or resumes a source: a paused source is neither claimed nor discovered. */
@@ -219,6 +225,12 @@ export const requeueRefusal = (t: Target): OperationRefused | null =>
     : t.status === "pending"
       ? new OperationRefused({ reason: "already_pending", message: `${t.source}:${t.identity} is already pending` })
       : null
+
+/** The refusal of a priority outside [Priority.min, Priority.max], or null. */
+export const priorityRefusal = (priority: number): OperationRefused | null =>
+  Priority.isValid(priority)
+    ? null
+    : new OperationRefused({ reason: "invalid_priority", message: `priority ${priority} is not an integer in [${Priority.min}, ${Priority.max}]` })
 
 /** The authority change of a requeue: pending, fence bumped, fresh expiry and redrive budgets. */
 export const requeued = (t: Target): Target => ({ ...t, status: "pending", fence: t.fence + 1, attempts: 0 })

@@ -27,6 +27,8 @@ export interface Target {
   /** Claims since the last promotion or redrive (`Retry`); expiry re-queues while below the configured maximum. */
   readonly attempts: number
   readonly discoveredAt: number
+  /** Operator priority in [`Priority.min`, `Priority.max`]; claims take higher ones ahead of id order, bounded (`Priority`). */
+  readonly priority: number
 }
 
 /** One discovery record for the store: identity plus its normalised remote time. */
@@ -53,7 +55,8 @@ export const admit = (id: number, o: Observation, now: number): Target => ({
   lastScanStartedAt: null,
   fence: 0,
   attempts: 0,
-  discoveredAt: now
+  discoveredAt: now,
+  priority: 0
 })
 
 /** Records an observation on a known target: only `observedRemoteAt` may change. */

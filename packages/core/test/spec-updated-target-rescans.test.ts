@@ -118,7 +118,7 @@ describe("spec: updated-target-rescans", () => {
       const completedAt = Date.UTC(2024, 5, 1)
       const legacy: Target.Target = {
         id: 7, source: "gitlab", identity: "acme/legacy", status: "completed",
-        observedRemoteAt: null, coveredRemoteAt: null, completedAt, lastScanStartedAt: null, fence: 3, attempts: 1, discoveredAt: completedAt - DAY
+        observedRemoteAt: null, coveredRemoteAt: null, completedAt, lastScanStartedAt: null, fence: 3, attempts: 1, discoveredAt: completedAt - DAY, priority: 0
       }
       const now = t0
       const seen = (remoteAt: number) => Target.observe(legacy, { source: "gitlab", identity: "acme/legacy", remoteAt })
@@ -134,7 +134,7 @@ describe("spec: updated-target-rescans", () => {
       for (const status of Target.statuses.filter((s) => s !== "completed")) {
         const t: Target.Target = {
           id: 1, source: "github", identity: "acme/x", status, observedRemoteAt: t0 - DAY, coveredRemoteAt: t0 - 2 * DAY,
-          completedAt: t0 - 2 * DAY, lastScanStartedAt: t0 - 3 * DAY, fence: 5, attempts: 1, discoveredAt: t0 - 9 * DAY
+          completedAt: t0 - 2 * DAY, lastScanStartedAt: t0 - 3 * DAY, fence: 5, attempts: 1, discoveredAt: t0 - 9 * DAY, priority: 0
         }
         const seen = Target.observe(t, { source: "github", identity: "acme/x", remoteAt: now })
         expect(seen).toEqual({ ...t, observedRemoteAt: now })

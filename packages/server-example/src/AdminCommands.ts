@@ -13,6 +13,7 @@ with SCANFLEET_ADMIN_TOKEN; --actor NAME is recorded in the audit log, default $
   targets inspect --source S --identity ID [--limit N]
   targets requeue --source S --identity ID --reason WHY
   targets requeue --source S --status failed|unresolved --reason WHY      every such target of the source
+  targets priority --source S --identity ID --priority N --reason WHY     N in -100..100 (0: default; --priority=-5 for a negative one)
   assignments cancel ID --reason WHY
   sources list | sources pause S --reason WHY | sources resume S --reason WHY
   devices list | devices only ID --sources S,S|all|none --reason WHY | devices revoke ID --reason WHY
@@ -146,6 +147,12 @@ export const run = async (words: ReadonlyArray<string>, flags: Map<string, strin
       console.log(JSON.stringify({ requeued }))
       return 0
     }
+    case "targets priority": {
+      const raw = need(flags, "priority")
+      // the server checks the range and names the field; here only a number is required to send one
+      if (!/^[+-]?\d+$/.test(raw.trim())) throw new UsageError("--priority must be an integer from -100 to 100")
+      return print(await call("POST", "/v1/admin/targets/priority", { source: sourceOf(need(flags, "source")), identity: need(flags, "identity"), priority: Number(raw), reason: reason() }))
+    }
     case "assignments cancel":
       if (!arg) throw new UsageError("assignments cancel needs the reservation id")
       return print(await call("POST", `/v1/admin/assignments/${encodeURIComponent(arg)}/cancel`, { reason: reason() }))
@@ -246,6 +253,12 @@ const targets = Command.make("targets").pipe(
       ["targets", "requeue"],
       { source: sourceOption, identity: identityOption, status: described("status", "failed or unresolved: every such target of the source"), reason: reasonOption },
       "return a target (or every failed/unresolved one of a source) to pending with fresh budgets"
+    ),
+    plain(
+      "priority",
+      ["targets", "priority"],
+      { source: sourceOption, identity: identityOption, priority: described("priority", "an integer from -100 to 100 (0 is the default); claims take higher ones first, bounded"), reason: reasonOption },
+      "set the claim priority of a target"
     )
   ])
 )

@@ -184,12 +184,12 @@ export const summaryData: Effect.Effect<z.infer<typeof WorkerApi.SummaryView>, A
     },
     assignments: {
       running: inState((c) => c.state === "active"),
-      completed: inState((c) => c.state === "completed"),
-      timedOut: inState((c) => c.outcome === "killed_at_deadline"),
-      // One outcome is counted once: a timed-out assignment is in timedOut, not also here.
-      failed: inState((c) => c.state === "failed" && c.outcome !== "killed_at_deadline"),
-      expired: inState((c) => c.state === "expired"),
-      released: inState((c) => c.state === "released")
+      completed: inState((c) => Operations.bucketOf(c.state, c.outcome) === "completed"),
+      // One outcome is counted once (core's bucket): a timed-out assignment is in timedOut, not also in failed.
+      timedOut: inState((c) => Operations.bucketOf(c.state, c.outcome) === "timedOut"),
+      failed: inState((c) => Operations.bucketOf(c.state, c.outcome) === "failed"),
+      expired: inState((c) => Operations.bucketOf(c.state, c.outcome) === "expired"),
+      released: inState((c) => Operations.bucketOf(c.state, c.outcome) === "released")
     },
     serverNow: now
   } satisfies z.infer<typeof WorkerApi.SummaryView>

@@ -227,6 +227,16 @@ export const operations: ReadonlyArray<Endpoint> = [
   },
   {
     method: "POST",
+    path: "/v1/admin/targets/priority",
+    auth: "admin",
+    summary:
+      "Sets a target's claim priority, an integer in [-100, 100] (0 by default), kept until changed (also across rescans). Claims take pending targets by `id - priority × 10000`, then id: a priority `p` claims a target as if it had been discovered `p × 10000` targets earlier, so urgent work goes ahead of newer work and of older work up to that shift, and no target is ever passed by more than 2,000,000 targets discovered after it (no starvation). Not an authority change: an assignment in flight keeps its fence. Audited with the previous and the new value.",
+    body: AdminApi.SetPriority,
+    response: { status: 200, schema: AdminApi.TargetView },
+    errors: ["404 no such target"]
+  },
+  {
+    method: "POST",
     path: "/v1/admin/assignments/:id/cancel",
     auth: "admin",
     summary:
@@ -330,7 +340,7 @@ export const other: ReadonlyArray<Endpoint> = [
     path: "/console/charts",
     auth: "admin (bearer or cookie)",
     summary:
-      "Charts of assignments ended per hour over the last 24 h (completed, timed out, failed otherwise, expired: each counted once) with the targets promoted per hour, and of the p50/p95/p99 of one metric (`?metric=`, default `end_to_end`) per window (1 h, 6 h, 24 h, 7 d; the slowest source and outcome with enough samples). Drawn with uPlot served from `/assets/`; the same numbers are in tables for browsers without script.",
+      "Charts of assignments ended per hour over the last 24 h (completed, timed out, failed otherwise, expired: each counted once) with the targets promoted per hour, and of the p50/p95/p99 of one group (`?source=&metric=&outcome=`; unless all three are given, the busiest group of the span matching those that are) in consecutive windows (`?span=24h`: hourly over the last 24 h, the default; `7d`: 6-hourly over 7 days), each window read on its own, insufficient windows left as gaps; the page links every group with samples in the span. Drawn with uPlot served from `/assets/`; the same numbers are in tables for browsers without script.",
     response: { status: 200, note: "text/html" }
   },
   {
@@ -353,7 +363,7 @@ export const other: ReadonlyArray<Endpoint> = [
     path: "/console/actions/:action",
     auth: "admin (bearer or cookie)",
     summary:
-      "A console form's action (`requeue`, `cancel`, `pause`, `resume`), as `application/x-www-form-urlencoded` with `csrf` (the token the page embeds, bound to the dashboard session), `reason` (audited, actor `dashboard`), `back` (the console page to return to) and the subject's fields. Answers 303 to `back` with `done=` or `refused=`; a missing or wrong CSRF token gets 403 and changes nothing.",
+      "A console form's action (`requeue`, `priority` with its `priority` field, `cancel`, `pause`, `resume`), as `application/x-www-form-urlencoded` with `csrf` (the token the page embeds, bound to the dashboard session), `reason` (audited, actor `dashboard`), `back` (the console page to return to) and the subject's fields. Answers 303 to `back` with `done=` or `refused=`; a missing or wrong CSRF token gets 403 and changes nothing.",
     response: { status: 303, note: "redirect; 403 HTML page when the CSRF check fails" }
   },
   { method: "GET", path: "/metrics", auth: "none", summary: "Prometheus text exposition (see docs/server.md for the metric names).", response: { status: 200, note: "text/plain; version=0.0.4" } },

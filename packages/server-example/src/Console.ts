@@ -1,5 +1,5 @@
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
-import { AdminApi, type Errors, Operations, Percentile, PhaseModel, Source, Store, Target, type WorkerApi } from "@scanfleet/core"
+import { AdminApi, Assignment, type Errors, Operations, Percentile, PhaseModel, Priority, Source, Store, Target, type WorkerApi } from "@scanfleet/core"
 import { Eta } from "eta"
 import { Clock, Effect } from "effect"
 import { readFileSync } from "node:fs"
@@ -9,6 +9,7 @@ import * as AdminRoutes from "./AdminRoutes.js"
 import { type ApiError, fromNotFound, fromStoreError } from "./ApiError.js"
 import * as Auth from "./Auth.js"
 import * as Controls from "./Controls.js"
+import * as Managed from "./internal/Managed.js"
 import * as Request from "./internal/Request.js"
 import * as Url from "./internal/Url.js"
 import { targetView } from "./OperationsRoutes.js"
@@ -19,7 +20,7 @@ import * as Views from "./Views.js"
 /**
  * The operator console: server-rendered pages (no script needed) to search targets, inspect one
  * with its assignments (phase timeline bar, the three labelled deadlines, expiry evidence), and
- * act: requeue a target, cancel an assignment, pause or resume a source. Pages are Eta templates
+ * act: requeue a target, set its claim priority, cancel an assignment, pause or resume a source. Pages are Eta templates
  * with auto-escaping on: every `<%= %>` value is escaped by the engine, and `<%~ %>` only ever
  * inserts the output of another template. Actions are POST forms behind the dashboard session
  * with a CSRF token bound to it, answered with a redirect back to the page.
@@ -61,6 +62,18 @@ eta.loadTemplate(
 <button data-testid="<%= it.testid %>-submit"><%= it.label %></button></form>`
 )
 
+// The priority form: the same hidden fields as an action, plus the number (the store checks its range).
+eta.loadTemplate(
+  "@priority",
+  `<form class="inline" method="post" action="/console/actions/priority" data-testid="priority">
+<input type="hidden" name="csrf" value="<%= it.csrf %>"><input type="hidden" name="back" value="<%= it.back %>">
+<input type="hidden" name="source" value="<%= it.source %>"><input type="hidden" name="identity" value="<%= it.identity %>">
+<label> Priority <input type="number" name="priority" min="<%= it.min %>" max="<%= it.max %>" step="1" value="<%= it.value %>" required data-testid="priority-value"></label>
+<input name="reason" required placeholder="reason (audited)" aria-label="reason" data-testid="priority-reason">
+<button data-testid="priority-submit">Set priority</button>
+<span class="muted">from <%= it.min %> to <%= it.max %>; claims take a higher one first, by at most <%= it.shift %> targets per step</span></form>`
+)
+
 eta.loadTemplate(
   "@targets",
   `<form method="get" data-testid="target-search">
@@ -82,9 +95,11 @@ eta.loadTemplate(
 <dl class="kv" data-testid="target-fields">
 <dt>Status</dt><dd data-testid="target-status"><%= it.t.status %></dd><dt>Fence</dt><dd data-testid="target-fence"><%= it.t.fence %></dd>
 <dt>Attempts at this revision</dt><dd data-testid="target-attempts"><%= it.t.attempts %></dd>
+<dt>Claim priority</dt><dd data-testid="target-priority"><%= it.t.priority %></dd>
 <% for (const [k, v] of it.times) { %><dt><%= k %></dt><dd><%= v %></dd><% } %>
 <dt>Failure backoff</dt><dd data-testid="target-backoff"><%= it.backoff %></dd></dl>
 <% if (it.requeue) { %><%~ include("@action", it.requeue) %><% } %>
+<%~ include("@priority", it.priority) %>
 <h2>Assignments (<%= it.assignments.length %>)</h2>
 <% for (const a of it.assignments) { %><section data-testid="assignment-<%= a.id %>">
 <h3>Reservation <%= a.id %>: <span data-testid="assignment-<%= a.id %>-state"><%= a.state %></span><%= a.outcome ? " (" + a.outcome + ")" : "" %>, device <%= a.device %> slot <%= a.slot %></h3>
@@ -121,11 +136,17 @@ eta.loadTemplate(
 <div class="chart" data-testid="chart-outcomes" data-chart="<%= it.outcomesChart %>"></div>
 <details data-testid="chart-outcomes-table-box"><summary>The numbers</summary><table data-testid="chart-outcomes-table"><thead><tr><th>Hour (UTC)</th><th>Completed</th><th>Timed out</th><th>Failed</th><th>Expired</th><th>Promoted</th></tr></thead><tbody>
 <% for (const r of it.outcomes) { %><tr><td><%= r.hour %></td><td><%= r.completed %></td><td><%= r.timedOut %></td><td><%= r.failed %></td><td><%= r.expired %></td><td><%= r.promoted %></td></tr><% } %></tbody></table></details>
-<h2>Percentiles of <%= it.metric %> per window: the slowest source and outcome with enough samples</h2>
-<form method="get"><label>Metric <select name="metric"><% for (const m of it.metrics) { %><option<%= m === it.metric ? " selected" : "" %>><%= m %></option><% } %></select></label> <button>Show</button></form>
+<h2 data-testid="chart-percentiles-title">p50, p95 and p99 of <%= it.group.metric %> for <%= it.group.source %> / <%= it.group.outcome %>, <%= it.span.label %></h2>
+<p class="muted"><%= it.chosen %> A window with fewer than <%= it.minSamples %> samples has no percentile (a gap in the chart, "insufficient" in the table).</p>
+<form method="get" data-testid="chart-percentiles-form"><label>Source <select name="source" data-testid="chart-source"><% for (const v of it.choices.sources) { %><option<%= v === it.group.source ? " selected" : "" %>><%= v %></option><% } %></select></label>
+<label> Metric <select name="metric" data-testid="chart-metric"><% for (const v of it.choices.metrics) { %><option<%= v === it.group.metric ? " selected" : "" %>><%= v %></option><% } %></select></label>
+<label> Outcome <select name="outcome" data-testid="chart-outcome"><% for (const v of it.choices.outcomes) { %><option<%= v === it.group.outcome ? " selected" : "" %>><%= v %></option><% } %></select></label>
+<label> Span <select name="span" data-testid="chart-span"><% for (const [k, v] of it.choices.spans) { %><option value="<%= k %>"<%= k === it.span.key ? " selected" : "" %>><%= v %></option><% } %></select></label>
+<button data-testid="chart-percentiles-submit">Show</button></form>
+<% if (it.groups.length > 0) { %><p class="muted">Groups with samples in this span: <% it.groups.forEach((g, i) => { %><%= i > 0 ? ", " : "" %><a href="<%= g.href %>"><%= g.label %></a> (<%= g.count %>)<% }) %></p><% } %>
 <div class="chart" data-testid="chart-percentiles" data-chart="<%= it.percentilesChart %>"></div>
-<details data-testid="chart-percentiles-table-box"><summary>The numbers</summary><table data-testid="chart-percentiles-table"><thead><tr><th>Window</th><th>Samples</th><th>p50</th><th>p95</th><th>p99</th></tr></thead><tbody>
-<% for (const r of it.windows) { %><tr><td><%= r.label %></td><td><%= r.count %></td><td><%= r.p50 %></td><td><%= r.p95 %></td><td><%= r.p99 %></td></tr><% } %></tbody></table></details>
+<details data-testid="chart-percentiles-table-box"><summary>The numbers</summary><table data-testid="chart-percentiles-table"><thead><tr><th>Window (UTC)</th><th>Samples</th><th>p50</th><th>p95</th><th>p99</th></tr></thead><tbody>
+<% for (const r of it.windows) { %><tr data-testid="chart-window-<%= r.label %>"><td><%= r.label %></td><td><%= r.count %></td><td><%= r.p50 %></td><td><%= r.p95 %></td><td><%= r.p99 %></td></tr><% } %></tbody></table></details>
 <noscript><p class="muted">The charts need script; the tables above hold the same numbers.</p></noscript>`
 )
 
@@ -288,6 +309,7 @@ const target = Effect.gen(function* () {
         ["Changed", iso(t.changedAt)]
       ],
       backoff: `${t.redrive.redrives} redrive(s) at this revision; ${t.redrive.retryAt !== null ? `next redrive at ${iso(t.redrive.retryAt)}` : "no redrive planned"}`,
+      priority: { csrf, back, source: t.source, identity: t.identity, value: t.priority, min: Priority.min, max: Priority.max, shift: Priority.step.toLocaleString("en") },
       requeue: t.status !== "in_progress" && t.status !== "pending" ? actionData("/console/actions/requeue", csrf, back, { source: t.source, identity: t.identity }, "Requeue", "requeue") : null,
       assignments: i.assignments.map(({ assignment, timeline, cancellation }) => {
         const a = Views.assignment(assignment, now, fleet.id)
@@ -363,7 +385,9 @@ const ActionForm = z.object({
   reason: AdminApi.Reason,
   source: Source.SourceSchema.optional(),
   identity: z.string().min(1).optional(),
-  reservationId: z.coerce.number().int().min(1).optional()
+  reservationId: z.coerce.number().int().min(1).optional(),
+  // kept as text: the operator port refuses a priority out of range with its reason, shown on the page
+  priority: z.string().trim().min(1).optional()
 })
 
 /** POST /console/actions/:action: one operator action from a console form; answers with a redirect to the page it came from. */
@@ -382,6 +406,8 @@ const action = Effect.gen(function* () {
   const run: Effect.Effect<string, Operations.OperationRefused | Errors.NotFound | Errors.StoreError | null, Controls.Controls> =
     params.action === "requeue" && f.source && f.identity
       ? Effect.as(ops.requeue(f.source, f.identity, who), `requeued ${f.source}:${f.identity}`)
+      : params.action === "priority" && f.source && f.identity && f.priority !== undefined
+        ? Effect.as(ops.setPriority(f.source, f.identity, Number(f.priority), who), `set the priority of ${f.source}:${f.identity} to ${Number(f.priority)}`)
       : params.action === "cancel" && f.reservationId
         ? Effect.as(ops.cancel(f.reservationId, who), `cancelled reservation ${f.reservationId}`)
         : (params.action === "pause" || params.action === "resume") && f.source
@@ -402,18 +428,30 @@ const action = Effect.gen(function* () {
 }).pipe(Effect.catchTag("ApiError", (e) => Effect.succeed(errorPage(e))))
 
 const HOUR = 3_600_000
-const windows = [
-  { label: "1 h", hours: 1 },
-  { label: "6 h", hours: 6 },
-  { label: "24 h", hours: 24 },
-  { label: "7 d", hours: 168 }
-] as const
+// The spans the percentile chart offers: consecutive windows, each read on its own.
+const spans = {
+  "24h": { label: "per hour over the last 24 h", windowMs: HOUR, count: 24 },
+  "7d": { label: "per 6 hours over the last 7 days", windowMs: 6 * HOUR, count: 28 }
+} as const
 
-/** GET /console/charts: assignments ended and targets promoted per hour, and percentiles per window, as charts over tables. */
+const ChartsQuery = z
+  .object({
+    source: Source.SourceSchema.optional(),
+    metric: Percentile.MetricSchema.optional(),
+    outcome: Assignment.OutcomeSchema.optional(),
+    span: z.enum(["24h", "7d"]).default("24h")
+  })
+  .strict()
+
+/**
+ * GET /console/charts: assignments ended and targets promoted per hour, and the p50/p95/p99 of one
+ * group (source, metric, outcome; the busiest of the span unless chosen) in consecutive windows,
+ * as charts over tables.
+ */
 const charts = Effect.gen(function* () {
   yield* session
   const url = Url.parse((yield* HttpServerRequest.HttpServerRequest).url)
-  const q = yield* Request.query(z.object({ metric: Percentile.MetricSchema.default("end_to_end") }).strict())
+  const q = yield* Request.query(ChartsQuery)
   const ops = yield* Operations.Operations
   const store = yield* Store.Store
   const now = yield* Clock.currentTimeMillis
@@ -422,23 +460,36 @@ const charts = Effect.gen(function* () {
   const cycles = yield* store.listCycles({ limit: 1000 }).pipe(Effect.mapError(fromStoreError))
   const promoted = buckets.map((b) => cycles.filter((c) => c.startedAt >= b.start && c.startedAt < b.start + HOUR).reduce((n, c) => n + c.queuedUpdatedCount, 0))
   const outcomes = buckets.map((b, i) => ({ ...b, hour: iso(b.start).slice(0, 13) + ":00", promoted: promoted[i] }))
-  const rows = yield* Effect.forEach(windows, (w) => AdminRoutes.percentileData({ windowHours: w.hours, metric: q.metric }))
-  // All sources and outcomes together: the window's histogram merged, read by core's rank rule.
-  const merged = rows.map((r, i) => {
-    const count = r.rows.reduce((n, x) => n + x.count, 0)
-    const pick = (k: "p50" | "p95" | "p99") => {
-      const ok = r.rows.filter((x) => x[k].status === "ok")
-      return ok.length === 0 ? null : Math.max(...ok.map((x) => (x[k] as { value: number }).value))
-    }
-    return { label: windows[i].label, hours: windows[i].hours, count, p50: pick("p50"), p95: pick("p95"), p99: pick("p99") }
-  })
-  const secs = (v: number | null) => (v === null ? "insufficient" : `${(v / 1000).toFixed(1)} s`)
+
+  // The windows end with the one holding now; the group is the one asked for, filled in from the busiest matching group.
+  const span = { key: q.span, ...spans[q.span] }
+  const end = Math.floor(now / span.windowMs) * span.windowMs + span.windowMs
+  const start = end - span.count * span.windowMs
+  const { document } = yield* Managed.current
+  const minSamples = document.metrics.minSamples
+  const inSpan = [...(yield* store.percentiles({ from: start, to: end, minSamples }).pipe(Effect.mapError(fromStoreError)))].sort((a, b) => b.count - a.count)
+  const busiest = inSpan.find((r) => (q.source === undefined || r.source === q.source) && (q.metric === undefined || r.metric === q.metric) && (q.outcome === undefined || r.outcome === q.outcome))
+  const group = {
+    source: q.source ?? busiest?.source ?? Source.sources[0],
+    metric: q.metric ?? busiest?.metric ?? "end_to_end",
+    outcome: q.outcome ?? busiest?.outcome ?? "clean"
+  }
+  const chosen =
+    q.source !== undefined && q.metric !== undefined && q.outcome !== undefined
+      ? "The group you chose."
+      : busiest
+        ? "The busiest group with samples in this span (choose another below)."
+        : "No samples in this span yet."
+  const windows = yield* Effect.forEach(Array.from({ length: span.count }, (_, i) => start + i * span.windowMs), (w) =>
+    Effect.map(store.percentiles({ from: w, to: w + span.windowMs, ...group, minSamples }), (rows) => ({ start: w, ...(rows[0] ?? Percentile.summarize([], minSamples)) }))
+  ).pipe(Effect.mapError(fromStoreError))
+  const secs = (v: z.infer<typeof WorkerApi.QuantileView>) => (v.status === "ok" ? `${(v.value / 1000).toFixed(1)} s` : `insufficient (${v.count} of ${v.required} samples)`)
+  const value = (v: z.infer<typeof WorkerApi.QuantileView>) => (v.status === "ok" ? v.value / 1000 : null)
+  const groupHref = (g: { source: string; metric: string; outcome: string }) => `/console/charts?${new URLSearchParams({ source: g.source, metric: g.metric, outcome: g.outcome, span: span.key })}`
   return page(
     "Charts",
     "@charts",
     {
-      metric: q.metric,
-      metrics: Percentile.metrics,
       outcomes,
       outcomesChart: JSON.stringify({
         kind: "time",
@@ -451,11 +502,18 @@ const charts = Effect.gen(function* () {
           { label: "promoted", values: promoted }
         ]
       }),
-      windows: merged.map((m) => ({ ...m, p50: secs(m.p50), p95: secs(m.p95), p99: secs(m.p99) })),
+      group,
+      span,
+      chosen,
+      minSamples,
+      choices: { sources: Source.sources, metrics: Percentile.metrics, outcomes: Assignment.outcomes, spans: Object.entries(spans).map(([k, v]) => [k, v.label]) },
+      groups: inSpan.slice(0, 12).map((r) => ({ label: `${r.source} / ${r.metric} / ${r.outcome}`, count: r.count, href: groupHref(r) })),
+      windows: windows.map((w) => ({ label: iso(w.start).slice(0, 16), count: w.count, p50: secs(w.p50), p95: secs(w.p95), p99: secs(w.p99) })),
       percentilesChart: JSON.stringify({
-        kind: "windows",
-        x: merged.map((m) => m.hours),
-        series: (["p50", "p95", "p99"] as const).map((k) => ({ label: `${k} (highest group, s)`, values: merged.map((m) => (m[k] === null ? null : m[k]! / 1000)) }))
+        kind: "time",
+        xLabel: "window start",
+        x: windows.map((w) => w.start / 1000),
+        series: (["p50", "p95", "p99"] as const).map((k) => ({ label: `${k} (s)`, values: windows.map((w) => value(w[k])) }))
       })
     },
     url,
@@ -478,8 +536,8 @@ document.querySelectorAll("[data-chart]").forEach(function (el) {
   var colors = ["#59a14f", "#e15759", "#f28e2b", "#9c755f", "#4e79a7"];
   var opts = {
     width: Math.min(900, el.clientWidth || 900), height: 260,
-    scales: { x: { time: d.kind === "time", distr: d.kind === "time" ? 1 : 3 } },
-    series: [{ label: d.kind === "time" ? "hour" : "window (hours)" }].concat(d.series.map(function (s, i) { return { label: s.label, stroke: colors[i % colors.length], width: 2, points: { show: true } }; }))
+    scales: { x: { time: true } },
+    series: [{ label: d.xLabel || "hour" }].concat(d.series.map(function (s, i) { return { label: s.label, stroke: colors[i % colors.length], width: 2, points: { show: true } }; }))
   };
   new uPlot(opts, [d.x].concat(d.series.map(function (s) { return s.values; })), el);
   el.setAttribute("data-drawn", "true");

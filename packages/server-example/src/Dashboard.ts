@@ -1,19 +1,17 @@
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
-import { Deadline, Promotion, Store, WorkerApi } from "@scanfleet/core"
+import { Deadline, Promotion, Source, Store, WorkerApi } from "@scanfleet/core"
 import { Clock, Effect } from "effect"
 import type { z } from "zod"
 import * as AdminRoutes from "./AdminRoutes.js"
 import { ApiError, fromStoreError } from "./ApiError.js"
 import * as Auth from "./Auth.js"
+import { eta } from "./Console.js"
 import * as FindingsPanel from "./FindingsPanel.js"
 import * as Request from "./internal/Request.js"
 import * as Url from "./internal/Url.js"
 import { Settings } from "./ServerConfig.js"
 import * as Tokens from "./Tokens.js"
 import * as Views from "./Views.js"
-
-const esc = (s: unknown): string =>
-  String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]!)
 
 /** A duration as `1h 02m 03s`; negative durations read "passed". */
 export const formatRemaining = (ms: number): string => {
@@ -30,6 +28,8 @@ const iso = (ms: number | null) => (ms === null ? "—" : new Date(ms).toISOStri
 const quantile = (q: z.infer<typeof WorkerApi.QuantileView>) =>
   q.status === "ok" ? `${Math.round(q.value)} ms` : `insufficient (${q.count} of ${q.required} samples)`
 
+const cap = (s: string) => s[0].toUpperCase() + s.slice(1)
+
 /** Headers of every dashboard page: not cached, not framed, no script at all. */
 const secured = (res: HttpServerResponse.HttpServerResponse) =>
   res.pipe(
@@ -41,142 +41,194 @@ const secured = (res: HttpServerResponse.HttpServerResponse) =>
     })
   )
 
-const page = (title: string, body: string) => `<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="5">
-<title>${esc(title)}</title>
-<style>
-body{font:14px/1.4 system-ui,sans-serif;margin:1.5rem;color:#222}
+const css = `body{font:14px/1.4 system-ui,sans-serif;margin:1.5rem;color:#222}
 h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:2rem}
 table{border-collapse:collapse;margin:.5rem 0}th,td{border:1px solid #ccc;padding:.25rem .5rem;text-align:left;vertical-align:top}
-th{background:#f3f3f3}td[data-testid$="-at"],td[data-testid*="deadline"],td[data-testid*="expiry"],td[data-testid*="progress"]{white-space:nowrap}.num{text-align:right}.insufficient{color:#a35a00;font-style:italic}.next{font-weight:bold}
+th{background:#f3f3f3}td.when{white-space:nowrap}.num{text-align:right}.insufficient{color:#a35a00;font-style:italic}.next{font-weight:bold}
 .id{display:inline-block;max-width:28ch;overflow:hidden;text-overflow:ellipsis;white-space:nowrap;vertical-align:bottom}nav a{margin-right:1rem}
-.muted{color:#777}dl.summary{display:grid;grid-template-columns:repeat(6,auto);gap:.25rem 1rem;width:max-content}dl.summary dt{color:#555}dl.summary dd{margin:0;font-weight:bold}
-</style></head><body>${body}</body></html>`
+.muted{color:#777}dl.summary{display:grid;grid-template-columns:repeat(6,auto);gap:.25rem 1rem;width:max-content}dl.summary dt{color:#555}dl.summary dd{margin:0;font-weight:bold}`
 
-const deadlineCell = (a: WorkerApi.AssignmentView, key: "targetScan" | "resultUpload" | "assignmentExpiry", testid: string) => {
-  const d = a.deadlines[key]
-  const isNext = a.nextDeadline?.which === key
-  return `<td data-testid="${testid}" class="${isNext ? "next" : ""}"><span data-testid="${testid}-at">${esc(d.iso)}</span><br><span class="muted" data-testid="${testid}-remaining">${esc(formatRemaining(d.at - a.serverNow))}</span></td>`
-}
+// The dashboard's templates: every `<%= %>` value is escaped by the engine; `<%~ %>` only inserts
+// another template's output or the fixed style sheet.
+eta.loadTemplate(
+  "@dashboard-layout",
+  `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="5">
+<title><%= it.title %></title><style><%~ it.css %></style></head><body><%~ it.body %></body></html>`
+)
 
-const activeTable = (rows: ReadonlyArray<WorkerApi.AssignmentView>) =>
-  rows.length === 0
-    ? `<p data-testid="active-empty">No active reservations.</p>`
-    : `<table data-testid="active-table"><thead><tr><th>Reservation</th><th>Target</th><th>Device / slot</th><th>Current phase</th>
-<th>${esc(cap(Deadline.labels.scanDeadline))}</th><th>${esc(cap(Deadline.labels.uploadDeadline))}</th><th>${esc(cap(Deadline.labels.expiresAt))}</th>
+eta.loadTemplate(
+  "@dashboard-error",
+  `<h1>scanfleet dashboard</h1><p data-testid="<%= it.testid %>"><%= it.message %></p>
+<% if (it.auth) { %><p>Open <code>/?token=&lt;admin token&gt;</code> once; the token is then kept in an HTTP-only cookie and removed from the address.</p><% } else { %><p><a href="/">Back to the dashboard</a></p><% } %>`
+)
+
+eta.loadTemplate(
+  "@deadline-cell",
+  `<td data-testid="<%= it.testid %>" class="when<%= it.next ? " next" : "" %>"><span data-testid="<%= it.testid %>-at"><%= it.iso %></span><br><span class="muted" data-testid="<%= it.testid %>-remaining"><%= it.remaining %></span></td>`
+)
+
+eta.loadTemplate(
+  "@dashboard-cycles",
+  `<table<%~ it.testid ? ' data-testid="cycles-table"' : "" %>><thead><tr><th>Cycle</th><th>Source</th><th>Started</th><th>Ended</th><th>Pages</th><th>Results</th><th>Malformed</th>
+<th>queued_new_count</th><th>queued_updated_count</th><th>Deferred by budget</th><th>Stop reason</th><th>Error</th></tr></thead><tbody>
+<% for (const c of it.rows) { %><tr data-testid="cycle-row-<%= c.id %>"><td><%= c.id %></td><td data-testid="cycle-<%= c.id %>-source"><%= c.source %></td><td class="when"><%= c.started %></td><td class="when"><%= c.ended %></td>
+<td class="num"><%= c.pages %></td><td class="num"><%= c.results %></td><td class="num"><%= c.malformed %></td>
+<td class="num" data-testid="cycle-<%= c.id %>-queued-new"><%= c.queuedNew %></td><td class="num" data-testid="cycle-<%= c.id %>-queued-updated"><%= c.queuedUpdated %></td>
+<td class="num" data-testid="cycle-<%= c.id %>-deferred"><%= c.deferred %></td><td data-testid="cycle-<%= c.id %>-stop"><%= c.stop %></td><td><%= c.error %></td></tr>
+<% } %></tbody></table>`
+)
+
+eta.loadTemplate(
+  "@dashboard-percentiles",
+  `<table<%~ it.testid ? ' data-testid="percentiles-table"' : "" %>><thead><tr><th>Source</th><th>Metric</th><th>Outcome</th><th>Samples</th><th>p50</th><th>p95</th><th>p99</th></tr></thead><tbody>
+<% for (const r of it.rows) { %><tr data-testid="pct-row-<%= r.key %>"><td><%= r.source %></td><td><%= r.metric %></td><td><%= r.outcome %></td><td class="num" data-testid="pct-<%= r.key %>-count"><%= r.count %></td>
+<% for (const q of r.cells) { %><td data-testid="pct-<%= r.key %>-<%= q.name %>" class="num<%= q.insufficient ? " insufficient" : "" %>"><%= q.text %></td><% } %></tr>
+<% } %></tbody></table>`
+)
+
+eta.loadTemplate(
+  "@dashboard",
+  `<nav><a href="/console/targets" data-testid="nav-targets">Search targets</a><a href="/console/sources" data-testid="nav-sources">Pause or resume sources</a><a href="/console/devices" data-testid="nav-devices">Devices</a><a href="/console/charts" data-testid="nav-charts">Charts</a></nav><h1>scanfleet dashboard</h1>
+<p class="muted">Server time <span data-testid="server-now"><%= it.now %></span>; refreshes every 5 s. Every assignment carries three deadlines, fixed at issuance and never renewed:
+the <b><%= it.labels.scan %></b> (the whole scan stage must end), the <b><%= it.labels.upload %></b> (the result must be accepted),
+and the <b><%= it.labels.expiry %></b> (the server reclaims the target). The one that fires next is in bold.</p>
+<h2>Summary</h2>
+<dl class="summary" data-testid="summary"><% for (const i of it.summary) { %><dt><%= i.label %></dt><dd data-testid="summary-<%= i.testid %>"><%= i.n %></dd><% } %></dl>
+<p class="muted">Each ended assignment is counted once: killed at a deadline is <i>timed out</i>, not also <i>failed</i>.</p>
+<h2>Active reservations (<span data-testid="active-count"><%= it.active.length %></span>)</h2>
+<% if (it.active.length === 0) { %><p data-testid="active-empty">No active reservations.</p><% } else { %>
+<table data-testid="active-table"><thead><tr><th>Reservation</th><th>Target</th><th>Device / slot</th><th>Current phase</th>
+<th><%= it.heads.scan %></th><th><%= it.heads.upload %></th><th><%= it.heads.expiry %></th>
 <th>Fires next</th><th>Time remaining (until it fires)</th><th>Policy</th></tr></thead><tbody>
-${rows
-  .map((a) => {
-    const id = a.reservationId
-    return `<tr data-testid="active-row-${id}"><td>${id}</td><td><a href="/console/target?${esc(new URLSearchParams({ source: a.target.source, identity: a.target.identity }).toString())}"><span class="id" title="${esc(`${a.target.source}:${a.target.identity}`)}" data-testid="active-${id}-target">${esc(`${a.target.source}:${a.target.identity}`)}</span></a></td>
-<td>${a.deviceId} / ${a.slot}</td><td data-testid="active-${id}-phase">${esc(a.lastPhase ?? "none yet")}</td>
-${deadlineCell(a, "targetScan", `active-${id}-target-scan-deadline`)}${deadlineCell(a, "resultUpload", `active-${id}-result-upload-deadline`)}${deadlineCell(a, "assignmentExpiry", `active-${id}-assignment-expiry`)}
-<td data-testid="active-${id}-next">${esc(a.nextDeadline ? a.nextDeadline.label : "all passed")}</td>
-<td data-testid="active-${id}-remaining">${esc(a.nextDeadline ? formatRemaining(a.nextDeadline.remainingMs) : "passed")}</td>
-<td data-testid="active-${id}-policy">${esc(`${a.policy.origin} TTL ${a.policy.ttlSeconds} s`)}</td></tr>`
-  })
-  .join("\n")}
-</tbody></table>`
+<% for (const a of it.active) { %><tr data-testid="active-row-<%= a.id %>"><td><%= a.id %></td><td><a href="<%= a.href %>"><%~ include("@identity", { source: a.source, id: a.identity, testid: "active-" + a.id + "-target" }) %></a></td>
+<td><%= a.device %> / <%= a.slot %></td><td data-testid="active-<%= a.id %>-phase"><%= a.phase %></td>
+<% for (const d of a.deadlines) { %><%~ include("@deadline-cell", d) %><% } %>
+<td data-testid="active-<%= a.id %>-next"><%= a.next %></td>
+<td data-testid="active-<%= a.id %>-remaining"><%= a.remaining %></td>
+<td data-testid="active-<%= a.id %>-policy"><%= a.policy %></td></tr>
+<% } %></tbody></table><% } %>
+<h2>Expired assignments (<span data-testid="expired-count"><%= it.expired.length %></span>)</h2>
+<% if (it.expired.length === 0) { %><p data-testid="expired-empty">No expired assignments.</p><% } else { %>
+<table data-testid="expired-table"><thead><tr><th>Reservation</th><th>Target</th><th>Device / slot</th><th>Last accepted phase</th><th>Last progress</th><th><%= it.heads.expiry %></th><th>Expired at (sweep)</th></tr></thead><tbody>
+<% for (const a of it.expired) { %><tr data-testid="expired-row-<%= a.id %>"><td><%= a.id %></td><td><a href="<%= a.href %>"><%~ include("@identity", { source: a.source, id: a.identity, testid: "expired-" + a.id + "-target" }) %></a></td><td><%= a.device %> / <%= a.slot %></td>
+<td data-testid="expired-<%= a.id %>-last-phase"><%= a.lastPhase %></td>
+<td class="when" data-testid="expired-<%= a.id %>-last-progress"><%= a.lastProgress %></td>
+<td class="when" data-testid="expired-<%= a.id %>-assignment-expiry"><%= a.expiresAt %></td>
+<td class="when" data-testid="expired-<%= a.id %>-expired-at"><%= a.expiredAt %></td></tr>
+<% } %></tbody></table><% } %>
+<h2>Discovery cycles</h2>
+<% if (it.cycles.told.length + it.cycles.quiet.length === 0) { %><p data-testid="cycles-empty">No discovery cycles recorded yet.</p><% } else { %>
+<%~ include("@dashboard-cycles", { rows: it.cycles.told, testid: true }) %>
+<% if (it.cycles.quiet.length > 0) { %><details data-testid="cycles-collapsed"><summary><%= it.cycles.quiet.length %> cycle(s) that queued, deferred and failed nothing</summary><%~ include("@dashboard-cycles", { rows: it.cycles.quiet, testid: false }) %></details><% } %>
+<% } %>
+<h2>Duration percentiles</h2>
+<form method="get"><label>Source <select name="source"><option value="">all</option><% for (const s of it.sources) { %><option<%= s === it.q.source ? " selected" : "" %>><%= s %></option><% } %></select></label>
+<label>Window (hours) <input name="windowHours" type="number" min="1" value="<%= it.q.windowHours %>"></label> <button>Show</button></form>
+<p>Window: last <span data-testid="percentiles-window"><%= it.pct.windowHours %></span> h; a percentile needs at least <span data-testid="percentiles-min-samples"><%= it.pct.minSamples %></span> samples. <a href="/console/charts">Percentiles per window</a></p>
+<% if (it.pct.known.length + it.pct.thin.length === 0) { %><p data-testid="percentiles-empty">No duration observations in this window.</p><% } else { %>
+<%~ include("@dashboard-percentiles", { rows: it.pct.known, testid: true }) %>
+<% if (it.pct.thin.length > 0) { %><details data-testid="percentiles-collapsed"><summary><%= it.pct.thin.length %> row(s) with fewer than <%= it.pct.minSamples %> samples (insufficient)</summary><%~ include("@dashboard-percentiles", { rows: it.pct.thin, testid: false }) %></details><% } %>
+<% } %>
+<h2>Targets</h2>
+<% if (it.counts.length === 0) { %><p data-testid="targets-empty">No targets yet.</p><% } else { %>
+<table data-testid="targets-table"><thead><tr><th>Source</th><th>Status</th><th>Targets</th></tr></thead><tbody>
+<% for (const r of it.counts) { %><tr><td><%= r.source %></td><td><%= r.status %></td><td class="num" data-testid="targets-<%= r.source %>-<%= r.status %>"><%= r.count %></td></tr><% } %>
+</tbody></table><% } %>
+<h2>Findings</h2><%~ it.findings %>`
+)
 
-const cap = (s: string) => s[0].toUpperCase() + s.slice(1)
+const page = (title: string, body: string) => eta.render("@dashboard-layout", { title, css, body })
 
-const expiredTable = (rows: ReadonlyArray<WorkerApi.AssignmentView>) =>
-  rows.length === 0
-    ? `<p data-testid="expired-empty">No expired assignments.</p>`
-    : `<table data-testid="expired-table"><thead><tr><th>Reservation</th><th>Target</th><th>Device / slot</th><th>Last accepted phase</th><th>Last progress</th><th>${esc(cap(Deadline.labels.expiresAt))}</th><th>Expired at (sweep)</th></tr></thead><tbody>
-${rows
-  .map((a) => {
-    const id = a.reservationId
-    return `<tr data-testid="expired-row-${id}"><td>${id}</td><td><a href="/console/target?${esc(new URLSearchParams({ source: a.target.source, identity: a.target.identity }).toString())}"><span class="id" title="${esc(`${a.target.source}:${a.target.identity}`)}" data-testid="expired-${id}-target">${esc(`${a.target.source}:${a.target.identity}`)}</span></a></td><td>${a.deviceId} / ${a.slot}</td>
-<td data-testid="expired-${id}-last-phase">${esc(a.expiry?.lastPhase ?? "none (no progress accepted)")}</td>
-<td data-testid="expired-${id}-last-progress">${esc(iso(a.expiry?.lastProgressAt ?? null))}</td>
-<td data-testid="expired-${id}-assignment-expiry">${esc(a.deadlines.assignmentExpiry.iso)}</td>
-<td data-testid="expired-${id}-expired-at">${esc(iso(a.expiry?.expiredAt ?? null))}</td></tr>`
-  })
-  .join("\n")}
-</tbody></table>`
+const targetHref = (a: WorkerApi.AssignmentView) => `/console/target?${new URLSearchParams({ source: a.target.source, identity: a.target.identity })}`
+
+const activeRow = (a: WorkerApi.AssignmentView) => ({
+  id: a.reservationId,
+  source: a.target.source,
+  identity: a.target.identity,
+  href: targetHref(a),
+  device: a.deviceId,
+  slot: a.slot,
+  phase: a.lastPhase ?? "none yet",
+  deadlines: (
+    [
+      ["targetScan", "target-scan-deadline"],
+      ["resultUpload", "result-upload-deadline"],
+      ["assignmentExpiry", "assignment-expiry"]
+    ] as const
+  ).map(([key, name]) => ({
+    testid: `active-${a.reservationId}-${name}`,
+    next: a.nextDeadline?.which === key,
+    iso: a.deadlines[key].iso,
+    remaining: formatRemaining(a.deadlines[key].at - a.serverNow)
+  })),
+  next: a.nextDeadline ? a.nextDeadline.label : "all passed",
+  remaining: a.nextDeadline ? formatRemaining(a.nextDeadline.remainingMs) : "passed",
+  policy: `${a.policy.origin} TTL ${a.policy.ttlSeconds} s`
+})
+
+const expiredRow = (a: WorkerApi.AssignmentView) => ({
+  id: a.reservationId,
+  source: a.target.source,
+  identity: a.target.identity,
+  href: targetHref(a),
+  device: a.deviceId,
+  slot: a.slot,
+  lastPhase: a.expiry?.lastPhase ?? "none (no progress accepted)",
+  lastProgress: iso(a.expiry?.lastProgressAt ?? null),
+  expiresAt: a.deadlines.assignmentExpiry.iso,
+  expiredAt: iso(a.expiry?.expiredAt ?? null)
+})
 
 // A cycle that queued nothing, deferred nothing and failed nothing carries no information: such rows are collapsed.
 const quietCycle = (c: z.infer<typeof WorkerApi.CycleView>) => c.queuedNewCount === 0 && c.queuedUpdatedCount === 0 && c.deferredCount === 0 && c.error === null
 
-const cycleRows = (rows: ReadonlyArray<z.infer<typeof WorkerApi.CycleView>>) =>
-  rows
-    .map(
-      (c) => `<tr data-testid="cycle-row-${c.id}"><td>${c.id}</td><td data-testid="cycle-${c.id}-source">${esc(c.source)}</td><td>${esc(iso(c.startedAt))}</td><td>${esc(iso(c.endedAt))}</td>
-<td class="num">${c.pages}</td><td class="num">${c.results}</td><td class="num">${c.malformed}</td>
-<td class="num" data-testid="cycle-${c.id}-queued-new">${c.queuedNewCount}</td><td class="num" data-testid="cycle-${c.id}-queued-updated">${c.queuedUpdatedCount}</td>
-<td class="num" data-testid="cycle-${c.id}-deferred">${c.deferredCount >= Promotion.deferredCountLimit ? `≥ ${Promotion.deferredCountLimit.toLocaleString("en-US")}` : c.deferredCount}</td><td data-testid="cycle-${c.id}-stop">${esc(c.stopReason)}</td><td>${esc(c.error ?? "")}</td></tr>`
-    )
-    .join("\n")
+const cycleRow = (c: z.infer<typeof WorkerApi.CycleView>) => ({
+  id: c.id,
+  source: c.source,
+  started: iso(c.startedAt),
+  ended: iso(c.endedAt),
+  pages: c.pages,
+  results: c.results,
+  malformed: c.malformed,
+  queuedNew: c.queuedNewCount,
+  queuedUpdated: c.queuedUpdatedCount,
+  deferred: c.deferredCount >= Promotion.deferredCountLimit ? `≥ ${Promotion.deferredCountLimit.toLocaleString("en-US")}` : String(c.deferredCount),
+  stop: c.stopReason,
+  error: c.error ?? ""
+})
 
-const cycleHead = `<thead><tr><th>Cycle</th><th>Source</th><th>Started</th><th>Ended</th><th>Pages</th><th>Results</th><th>Malformed</th>
-<th>queued_new_count</th><th>queued_updated_count</th><th>Deferred by budget</th><th>Stop reason</th><th>Error</th></tr></thead>`
-
-const cyclesTable = (rows: ReadonlyArray<z.infer<typeof WorkerApi.CycleView>>) => {
-  if (rows.length === 0) return `<p data-testid="cycles-empty">No discovery cycles recorded yet.</p>`
-  const told = rows.filter((c) => !quietCycle(c))
-  const quiet = rows.filter(quietCycle)
-  return (
-    `<table data-testid="cycles-table">${cycleHead}<tbody>\n${cycleRows(told)}\n</tbody></table>` +
-    (quiet.length === 0
-      ? ""
-      : `<details data-testid="cycles-collapsed"><summary>${quiet.length} cycle(s) that queued, deferred and failed nothing</summary><table>${cycleHead}<tbody>\n${cycleRows(quiet)}\n</tbody></table></details>`)
-  )
-}
-
-const pctHead = `<thead><tr><th>Source</th><th>Metric</th><th>Outcome</th><th>Samples</th><th>p50</th><th>p95</th><th>p99</th></tr></thead>`
-
-const pctRows = (rows: z.infer<typeof WorkerApi.PercentileResponse>["rows"]) =>
-  rows
-    .map((r) => {
-      const k = `${r.source}-${r.metric}-${r.outcome}`
-      const cell = (name: "p50" | "p95" | "p99") =>
-        `<td data-testid="pct-${k}-${name}" class="num ${r[name].status === "insufficient" ? "insufficient" : ""}">${esc(quantile(r[name]))}</td>`
-      return `<tr data-testid="pct-row-${k}"><td>${esc(r.source)}</td><td>${esc(r.metric)}</td><td>${esc(r.outcome)}</td><td class="num" data-testid="pct-${k}-count">${r.count}</td>${cell("p50")}${cell("p95")}${cell("p99")}</tr>`
-    })
-    .join("\n")
+const pctRow = (r: z.infer<typeof WorkerApi.PercentileResponse>["rows"][number]) => ({
+  key: `${r.source}-${r.metric}-${r.outcome}`,
+  source: r.source,
+  metric: r.metric,
+  outcome: r.outcome,
+  count: r.count,
+  cells: (["p50", "p95", "p99"] as const).map((name) => ({ name, insufficient: r[name].status === "insufficient", text: quantile(r[name]) }))
+})
 
 // Rows whose every percentile is insufficient say only their count: they are collapsed below the informative ones.
-const percentileTable = (p: z.infer<typeof WorkerApi.PercentileResponse>) => {
-  const head = `<p>Window: last <span data-testid="percentiles-window">${p.windowHours}</span> h; a percentile needs at least <span data-testid="percentiles-min-samples">${p.minSamples}</span> samples.</p>`
-  if (p.rows.length === 0) return head + `<p data-testid="percentiles-empty">No duration observations in this window.</p>`
-  const known = p.rows.filter((r) => r.p50.status === "ok" || r.p95.status === "ok" || r.p99.status === "ok")
-  const thin = p.rows.filter((r) => !known.includes(r))
-  return (
-    head +
-    `<table data-testid="percentiles-table">${pctHead}<tbody>\n${pctRows(known)}\n</tbody></table>` +
-    (thin.length === 0
-      ? ""
-      : `<details data-testid="percentiles-collapsed"><summary>${thin.length} row(s) with fewer than ${p.minSamples} samples (insufficient)</summary><table>${pctHead}<tbody>\n${pctRows(thin)}\n</tbody></table></details>`)
+const informative = (r: z.infer<typeof WorkerApi.PercentileResponse>["rows"][number]) => r.p50.status === "ok" || r.p95.status === "ok" || r.p99.status === "ok"
+
+const summaryItems = (s: z.infer<typeof WorkerApi.SummaryView>) => [
+  { label: "Targets queued new", testid: "queued-new", n: s.targets.queuedNew },
+  { label: "Targets queued updated", testid: "queued-updated", n: s.targets.queuedUpdated },
+  { label: "Pending", testid: "pending", n: s.targets.pending },
+  { label: "Assignments running", testid: "running", n: s.assignments.running },
+  { label: "Completed", testid: "completed", n: s.assignments.completed },
+  { label: "Timed out", testid: "timed-out", n: s.assignments.timedOut },
+  { label: "Failed", testid: "failed", n: s.assignments.failed },
+  { label: "Expired", testid: "expired", n: s.assignments.expired },
+  { label: "Released", testid: "released", n: s.assignments.released }
+]
+
+const errorPage = (message: string, status: number) => {
+  const auth = status === 401 || status === 403
+  return HttpServerResponse.html(page("scanfleet dashboard", eta.render("@dashboard-error", { message, auth, testid: auth ? "auth-error" : "error" }))).pipe(
+    HttpServerResponse.setStatus(status),
+    secured
   )
 }
-
-const summaryBlock = (s: z.infer<typeof WorkerApi.SummaryView>) => {
-  const item = (label: string, testid: string, n: number) => `<dt>${esc(label)}</dt><dd data-testid="summary-${testid}">${n}</dd>`
-  return `<dl class="summary" data-testid="summary">
-${item("Targets queued new", "queued-new", s.targets.queuedNew)}${item("Targets queued updated", "queued-updated", s.targets.queuedUpdated)}${item("Pending", "pending", s.targets.pending)}
-${item("Assignments running", "running", s.assignments.running)}${item("Completed", "completed", s.assignments.completed)}${item("Timed out", "timed-out", s.assignments.timedOut)}
-${item("Failed", "failed", s.assignments.failed)}${item("Expired", "expired", s.assignments.expired)}${item("Released", "released", s.assignments.released)}
-</dl>`
-}
-
-const targetsTable = (rows: ReadonlyArray<Store.TargetCount>) =>
-  rows.length === 0
-    ? `<p data-testid="targets-empty">No targets yet.</p>`
-    : `<table data-testid="targets-table"><thead><tr><th>Source</th><th>Status</th><th>Targets</th></tr></thead><tbody>
-${rows.map((r) => `<tr><td>${esc(r.source)}</td><td>${esc(r.status)}</td><td class="num" data-testid="targets-${r.source}-${r.status}">${r.count}</td></tr>`).join("\n")}
-</tbody></table>`
-
-const errorPage = (message: string, status: number) =>
-  HttpServerResponse.html(
-    page(
-      "scanfleet dashboard",
-      `<h1>scanfleet dashboard</h1><p data-testid="${status === 401 || status === 403 ? "auth-error" : "error"}">${esc(message)}</p>` +
-        (status === 401 || status === 403
-          ? `<p>Open <code>/?token=&lt;admin token&gt;</code> once; the token is then kept in an HTTP-only cookie and removed from the address.</p>`
-          : `<p><a href="/">Back to the dashboard</a></p>`)
-    )
-  ).pipe(HttpServerResponse.setStatus(status), secured)
 
 /**
  * GET /: the dashboard. `/?token=<admin token>` sets the admin cookie and
@@ -209,20 +261,20 @@ const dashboard = Effect.gen(function* () {
   const fleet = yield* store.fleet().pipe(Effect.mapError(fromStoreError))
   const findings = yield* FindingsPanel.render
   const activeViews = active.map((a) => Views.assignment(a, now, fleet.id)).sort((a, b) => (a.nextDeadline?.at ?? Infinity) - (b.nextDeadline?.at ?? Infinity))
-  const body = `<nav><a href="/console/targets" data-testid="nav-targets">Search targets</a><a href="/console/sources" data-testid="nav-sources">Pause or resume sources</a><a href="/console/devices" data-testid="nav-devices">Devices</a></nav><h1>scanfleet dashboard</h1>
-<p class="muted">Server time <span data-testid="server-now">${esc(iso(now))}</span>; refreshes every 5 s. Every assignment carries three deadlines, fixed at issuance and never renewed:
-the <b>${esc(Deadline.labels.scanDeadline)}</b> (the whole scan stage must end), the <b>${esc(Deadline.labels.uploadDeadline)}</b> (the result must be accepted),
-and the <b>${esc(Deadline.labels.expiresAt)}</b> (the server reclaims the target). The one that fires next is in bold.</p>
-<h2>Summary</h2>${summaryBlock(summary)}
-<h2>Active reservations (<span data-testid="active-count">${active.length}</span>)</h2>${activeTable(activeViews)}
-<h2>Expired assignments (<span data-testid="expired-count">${expired.length}</span>)</h2>${expiredTable(expired.map((a) => Views.assignment(a, now, fleet.id)))}
-<h2>Discovery cycles</h2>${cyclesTable(cycles)}
-<h2>Duration percentiles</h2>
-<form method="get"><label>Source <select name="source"><option value="">all</option>${["github", "gitlab", "huggingface", "dockerhub"].map((s) => `<option${q.source === s ? " selected" : ""}>${s}</option>`).join("")}</select></label>
-<label>Window (hours) <input name="windowHours" type="number" min="1" value="${esc(q.windowHours)}"></label> <button>Show</button></form>
-${percentileTable(pct)}
-<h2>Targets</h2>${targetsTable(counts)}
-<h2>Findings</h2>${findings}`
+  const body = eta.render("@dashboard", {
+    now: iso(now),
+    labels: { scan: Deadline.labels.scanDeadline, upload: Deadline.labels.uploadDeadline, expiry: Deadline.labels.expiresAt },
+    heads: { scan: cap(Deadline.labels.scanDeadline), upload: cap(Deadline.labels.uploadDeadline), expiry: cap(Deadline.labels.expiresAt) },
+    summary: summaryItems(summary),
+    active: activeViews.map(activeRow),
+    expired: expired.map((a) => expiredRow(Views.assignment(a, now, fleet.id))),
+    cycles: { told: cycles.filter((c) => !quietCycle(c)).map(cycleRow), quiet: cycles.filter(quietCycle).map(cycleRow) },
+    sources: Source.sources,
+    q,
+    pct: { windowHours: pct.windowHours, minSamples: pct.minSamples, known: pct.rows.filter(informative).map(pctRow), thin: pct.rows.filter((r) => !informative(r)).map(pctRow) },
+    counts,
+    findings
+  })
   return secured(HttpServerResponse.html(page("scanfleet dashboard", body)))
 }).pipe(
   Effect.catchTag("ApiError", (e: ApiError) =>

@@ -45,6 +45,7 @@ export const targetView = (t: Operations.TargetDetail): z.infer<typeof AdminApi.
   fence: t.fence,
   attempts: t.attempts,
   discoveredAt: t.discoveredAt,
+  priority: t.priority,
   changedAt: t.changedAt,
   redrive: { ...t.redrive }
 })
@@ -133,6 +134,17 @@ const requeue = Effect.gen(function* () {
   const input = yield* Request.body(AdminApi.Requeue, settings.maxBodyBytes)
   const ops = yield* Operations.Operations
   const t = yield* op(ops.requeue(input.source, input.identity, yield* actor(input.reason)))
+  return ok(targetView(t))
+})
+
+/** POST /v1/admin/targets/priority: sets a target's claim priority in [-100, 100] (0 by default); audited with the previous value. */
+const setPriority = Effect.gen(function* () {
+  yield* Auth.admin({ cookie: false })
+  const settings = yield* Settings
+  const input = yield* Request.body(AdminApi.SetPriority, settings.maxBodyBytes)
+  const ops = yield* Operations.Operations
+  const t = yield* op(ops.setPriority(input.source, input.identity, input.priority, yield* actor(input.reason)))
+  yield* Effect.logInfo("target priority set").pipe(Effect.annotateLogs({ source: t.source, identity: t.identity, priority: t.priority }))
   return ok(targetView(t))
 })
 
@@ -225,6 +237,7 @@ export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Operations.Op
   HttpRouter.get("/v1/admin/targets/search", searchTargets),
   HttpRouter.get("/v1/admin/targets/inspect", inspectTarget),
   HttpRouter.post("/v1/admin/targets/requeue", requeue),
+  HttpRouter.post("/v1/admin/targets/priority", setPriority),
   HttpRouter.post("/v1/admin/assignments/:id/cancel", cancel),
   HttpRouter.get("/v1/admin/sources", sources),
   HttpRouter.post("/v1/admin/sources/:source/pause", setPaused(true)),

@@ -37,6 +37,7 @@ const paths = fc.constantFrom(
   "/v1/admin/config/apply",
   "/v1/admin/targets",
   "/v1/admin/targets/requeue",
+  "/v1/admin/targets/priority",
   "/v1/admin/assignments/1/cancel",
   "/v1/admin/sources/github/pause",
   "/v1/admin/sources/github/resume",

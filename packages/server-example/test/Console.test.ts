@@ -138,6 +138,33 @@ describe.skipIf(!haveChromium)("operator console in headless Chromium (SQLite fi
     await page.close()
   })
 
+  it("set a priority from the console: the next claim takes that target ahead of an older pending one; out of range is refused with its reason and changes nothing", async () => {
+    const page = await ctx.newPage()
+    await page.goto(`${s.url}/console/targets?source=dockerhub`)
+    await page.locator("[data-testid=targets-results] a").first().click()
+    expect(await page.getByTestId("target-status").textContent()).toBe("pending")
+    expect(await page.getByTestId("target-priority").textContent()).toBe("0")
+    await page.getByTestId("priority-value").fill("7")
+    await page.getByTestId("priority-reason").fill("release blocker")
+    await page.getByTestId("priority-submit").click()
+    expect(await page.getByTestId("notice").textContent()).toBe(`set the priority of dockerhub:${longDigest} to 7`)
+    expect(await page.getByTestId("target-priority").textContent()).toBe("7")
+    await shot(page, "priority")
+    // The browser keeps the field in range; a request past it (with the page's own CSRF token) is refused by the store's rule.
+    const csrf = await page.locator("[data-testid=priority] input[name=csrf]").getAttribute("value")
+    const back = `/console/target?${new URLSearchParams({ source: "dockerhub", identity: longDigest })}`
+    const res = await ctx.request.post(`${s.url}/console/actions/priority`, { form: { csrf: csrf!, back, reason: "x", source: "dockerhub", identity: longDigest, priority: "500" }, maxRedirects: 0 })
+    expect(res.status()).toBe(303)
+    expect(new URL(res.headers().location ?? "", s.url).searchParams.get("refused")).toBe("priority 500 is not an integer in [-100, 100]")
+    expect((await s.admin("GET", `/v1/admin/targets/inspect?source=dockerhub&identity=${encodeURIComponent(longDigest)}`)).body.target.priority).toBe(7)
+    expect((await s.admin("GET", "/v1/admin/audit?limit=1")).body.entries[0]).toMatchObject({ action: "set_priority", who: "dashboard", why: "release blocker", detail: { from: 0, to: 7 } })
+    // acme/broken (requeued above) is older and pending too: the priority takes the dockerhub target first
+    const next = (await s.device(device.token, "POST", "/v1/assignments/claim", { slot: 0 })).body.assignment
+    expect(next.target.identity).toBe(longDigest)
+    await s.device(device.token, "POST", `/v1/assignments/${next.reservationId}/release`, { fence: next.fence })
+    await page.close()
+  })
+
   it("charts of outcomes and promotions over time and of percentiles per window are drawn from the server's own uPlot, over tables of the same numbers", async () => {
     const page = await ctx.newPage()
     const errors: Array<string> = []
@@ -158,6 +185,55 @@ describe.skipIf(!haveChromium)("operator console in headless Chromium (SQLite fi
     const sum = (col: number) => cells.filter((_, i) => i % 6 === col).reduce((n, c) => n + Number(c), 0)
     expect(sum(3)).toBe(1)
     await shot(page, "charts")
+    await page.close()
+  })
+
+  it("percentiles per window: p50/p95/p99 of one group in consecutive hourly windows, the busiest group by default, another chosen from the page; thin windows insufficient", async () => {
+    const now = Date.now()
+    const at = (t: number, base: number, n: number) => Array.from({ length: n }, (_, i) => ({ source: "dockerhub" as const, metric: "scanning" as const, outcome: "clean" as const, ms: base + i * 37, at: t }))
+    const earlier = now - 3 * 3_600_000
+    const thin = now - 5 * 3_600_000
+    await s.run(Effect.suspend(() => s.store.recordDurations([...at(now - 1000, 1000, 25), ...at(earlier, 5000, 25), ...at(thin, 9000, 3)])))
+    const hour = (t: number) => `${new Date(t).toISOString().slice(0, 13)}:00`
+    const page = await ctx.newPage()
+    const errors: Array<string> = []
+    page.on("pageerror", (e) => errors.push(e.message))
+    await page.goto(`${s.url}/console/charts`)
+    await page.waitForSelector("[data-testid=chart-percentiles][data-drawn=true] canvas")
+    expect(errors).toEqual([])
+    // 53 samples: the busiest group of the span is chosen without asking
+    expect(await page.getByTestId("chart-percentiles-title").textContent()).toBe("p50, p95 and p99 of scanning for dockerhub / clean, per hour over the last 24 h")
+    expect(await page.locator("[data-testid=chart-percentiles-table] tbody tr").count()).toBe(24)
+    const row = async (t: number) => (await page.getByTestId(`chart-window-${hour(t)}`).locator("td").allTextContents()).slice(1)
+    const seconds = (c: string) => Number(c.replace(" s", ""))
+    const [nowCount, nowP50] = await row(now - 1000)
+    expect(nowCount).toBe("25")
+    expect(seconds(nowP50)).toBeGreaterThan(0.9)
+    expect(seconds(nowP50)).toBeLessThan(1.9)
+    const [thenCount, thenP50, , thenP99] = await row(earlier)
+    expect(thenCount).toBe("25")
+    expect(seconds(thenP50)).toBeGreaterThan(4.9)
+    expect(seconds(thenP50)).toBeLessThan(5.9)
+    expect(seconds(thenP99)).toBeGreaterThanOrEqual(seconds(thenP50))
+    expect(await row(thin)).toEqual(["3", "insufficient (3 of 20 samples)", "insufficient (3 of 20 samples)", "insufficient (3 of 20 samples)"])
+    // the chart carries the same numbers: one point per window, a gap where a window is insufficient
+    const data = JSON.parse((await page.getByTestId("chart-percentiles").getAttribute("data-chart"))!)
+    expect(data.x).toHaveLength(24)
+    expect(data.series.map((x: any) => x.label)).toEqual(["p50 (s)", "p95 (s)", "p99 (s)"])
+    expect(data.series[0].values.filter((v: number | null) => v !== null)).toHaveLength(2)
+    // another group, chosen from the form: its own windows
+    await page.getByTestId("chart-metric").selectOption("end_to_end")
+    await page.getByTestId("chart-source").selectOption("github")
+    await page.getByTestId("chart-outcome").selectOption("scan_error")
+    await page.getByTestId("chart-percentiles-submit").click()
+    await page.waitForSelector("[data-testid=chart-percentiles][data-drawn=true] canvas")
+    expect(await page.getByTestId("chart-percentiles-title").textContent()).toBe("p50, p95 and p99 of end_to_end for github / scan_error, per hour over the last 24 h")
+    const counts = await page.locator("[data-testid=chart-percentiles-table] tbody tr td:nth-child(2)").allTextContents()
+    expect(counts.reduce((n, c) => n + Number(c), 0)).toBe(1) // the one scan_error result of acme/broken
+    await page.getByTestId("chart-span").selectOption("7d")
+    await page.getByTestId("chart-percentiles-submit").click()
+    expect(await page.locator("[data-testid=chart-percentiles-table] tbody tr").count()).toBe(28)
+    await shot(page, "percentiles")
     await page.close()
   })
 

@@ -1,6 +1,8 @@
 import { Config, Promotion } from "@scanfleet/core"
 import { Effect } from "effect"
-import { existsSync } from "node:fs"
+import { existsSync, mkdirSync } from "node:fs"
+import { join } from "node:path"
+import { fileURLToPath } from "node:url"
 import { chromium, type Browser } from "playwright-core"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as Database from "../src/Database.js"
@@ -17,6 +19,9 @@ if (!haveChromium)
       `!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n`
   )
 
+// Screenshots are kept as test artefacts (gitignored), as the console's are.
+const artifacts = fileURLToPath(new URL("../../../test-artifacts/dashboard/", import.meta.url))
+
 const ev = (seq: number, phase: string, at: number) => ({ seq, kind: "phase", phase, at })
 
 describe.skipIf(!haveChromium)("dashboard in headless Chromium (SQLite file)", () => {
@@ -25,6 +30,7 @@ describe.skipIf(!haveChromium)("dashboard in headless Chromium (SQLite file)", (
   let browser: Browser
   const reservations: Array<number> = []
   let expiredId = 0
+  let deviceToken = ""
   beforeAll(async () => {
     s = await start({ sweepIntervalMs: 50, storeLayer: Database.layer(db.url) })
     browser = await chromium.launch({
@@ -39,6 +45,7 @@ describe.skipIf(!haveChromium)("dashboard in headless Chromium (SQLite file)", (
     }
     expect((await s.admin("POST", "/v1/admin/config/apply", short)).status).toBe(201)
     const d = await s.addDevice("browser-device", 4)
+    deviceToken = d.token
     const now = Date.now()
     await s.run(Effect.suspend(() => s.store.recordObservations([{ source: "github", identity: "octo/expiring", remoteAt: now - 1000 }], now)))
     const e = await s.device(d.token, "POST", "/v1/assignments/claim", { slot: 0 })
@@ -183,6 +190,37 @@ describe.skipIf(!haveChromium)("dashboard in headless Chromium (SQLite file)", (
     ])
       expect(await page.getByTestId(`summary-${t}`).textContent(), t).toBe(String(v))
     if (process.env.SCANFLEET_DASHBOARD_SCREENSHOT) await page.screenshot({ path: process.env.SCANFLEET_DASHBOARD_SCREENSHOT, fullPage: true })
+    await ctx.close()
+  })
+
+  it("a killed assignment is counted once (timed out, not also failed), and every value on the page is escaped by its templates", async () => {
+    const before = (await s.admin("GET", "/v1/admin/summary")).body.assignments
+    const now = Date.now()
+    const evil = `evil/<img src=x onerror="document.title='owned'">`
+    await s.run(Effect.suspend(() => s.store.recordObservations([{ source: "gitlab", identity: evil, remoteAt: now - 1000 }, { source: "gitlab", identity: "killed/one", remoteAt: now - 1000 }], now)))
+    // ahead of the expired github target waiting in the queue
+    for (const identity of [evil, "killed/one"]) expect((await s.admin("POST", "/v1/admin/targets/priority", { source: "gitlab", identity, priority: 100, reason: "test" })).status).toBe(200)
+    const held = (await s.device(deviceToken, "POST", "/v1/assignments/claim", { slot: 3 })).body.assignment
+    expect(held.target.identity).toBe(evil)
+    const killed = (await s.device(deviceToken, "POST", "/v1/assignments/claim", { slot: 0 })).body.assignment
+    expect(killed.target.identity).toBe("killed/one")
+    const r = await s.device(deviceToken, "POST", `/v1/assignments/${killed.reservationId}/result`, { fence: killed.fence, outcome: "killed_at_deadline", finalPhase: "scanning", findings: [] })
+    expect(r.status, JSON.stringify(r.body)).toBe(200)
+    const after = (await s.admin("GET", "/v1/admin/summary")).body.assignments
+    expect([after.timedOut - before.timedOut, after.failed - before.failed]).toEqual([1, 0])
+
+    const ctx = await browser.newContext()
+    const page = await ctx.newPage()
+    await page.goto(`${s.url}/?token=${adminToken}`)
+    expect(await page.getByTestId("summary-timed-out").textContent()).toBe(String(after.timedOut))
+    expect(await page.getByTestId("summary-failed").textContent()).toBe(String(after.failed))
+    const cell = page.getByTestId(`active-${held.reservationId}-target`)
+    expect(await cell.textContent()).toBe(`gitlab:${evil}`)
+    expect(await cell.getAttribute("title")).toBe(`gitlab:${evil}`)
+    expect(await page.locator("img").count()).toBe(0)
+    expect(await page.title()).toBe("scanfleet dashboard")
+    mkdirSync(artifacts, { recursive: true })
+    await page.screenshot({ path: join(artifacts, "dashboard.png"), fullPage: true })
     await ctx.close()
   })
 })

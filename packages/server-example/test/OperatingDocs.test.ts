@@ -76,12 +76,12 @@ describe(`${page}: the day-two tasks run as written`, { timeout: 180_000 }, () =
     return r.stdout
   }
 
-  it("the section has its blocks, in order: settings, find, redrive, cancel, pause, drain, instances", () => {
-    expect(dayTwoBlocks()).toHaveLength(7)
+  it("the section has its blocks, in order: settings, find, redrive, cancel, priority, pause, drain, instances", () => {
+    expect(dayTwoBlocks()).toHaveLength(8)
   })
 
   it("every block runs, and does what the page says", async () => {
-    const [settings, find, redrive, cancel, pause, drain, instances] = dayTwoBlocks()
+    const [settings, find, redrive, cancel, priority, pause, drain, instances] = dayTwoBlocks()
     const lines = settings.split("\n")
     expect(lines[0]).toMatch(/^export SCANFLEET_SERVER_URL=\S+ SCANFLEET_ADMIN_TOKEN=\S+/)
     const env = `export SCANFLEET_SERVER_URL=${server.url} SCANFLEET_ADMIN_TOKEN=${adminToken}\n`
@@ -99,6 +99,11 @@ describe(`${page}: the day-two tasks run as written`, { timeout: 180_000 }, () =
     const gadgets = (await api("GET", "/v1/admin/targets/inspect?source=github&identity=acme/gadgets")).body
     expect(gadgets.assignments[0].cancellation).toMatchObject({ who: "docs-operator", why: "stuck in acquiring for an hour" })
 
+    const prioritised = await sh(env + priority)
+    expect(prioritised).toContain('"priority": 50')
+    expect((await api("GET", "/v1/admin/targets/inspect?source=gitlab&identity=grp/a")).body.target.priority).toBe(50)
+    expect((await api("GET", "/v1/admin/targets/inspect?source=github&identity=acme/widgets")).body.target.priority).toBe(-10)
+
     const paused = await sh(env + pause)
     expect(paused).toContain('"reason": "rate limited until 14:00"')
     expect((await api("GET", "/v1/admin/sources")).body.sources.every((c: any) => !c.paused)).toBe(true)
@@ -111,7 +116,7 @@ describe(`${page}: the day-two tasks run as written`, { timeout: 180_000 }, () =
     expect(probes).toContain('"ready":true')
 
     const audit = (await api("GET", "/v1/admin/audit?limit=50")).body.entries.map((e: any) => [e.action, e.who])
-    expect(audit).toEqual(expect.arrayContaining([["requeue", "docs-operator"], ["cancel", "docs-operator"], ["pause_source", "docs-operator"], ["resume_source", "docs-operator"], ["revoke_device", "docs-operator"]]))
+    expect(audit).toEqual(expect.arrayContaining([["requeue", "docs-operator"], ["cancel", "docs-operator"], ["set_priority", "docs-operator"], ["pause_source", "docs-operator"], ["resume_source", "docs-operator"], ["revoke_device", "docs-operator"]]))
   })
 
   it("docs/examples/probes.yaml probes the two health endpoints the server serves", async () => {

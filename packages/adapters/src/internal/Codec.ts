@@ -12,7 +12,7 @@ export const json = <A>(v: unknown): A => (typeof v === "string" ? (JSON.parse(v
 
 /** The columns of a target row, in one place for every SELECT and RETURNING. */
 export const targetColumns =
-  "id, source, identity, status, observed_remote_at, covered_remote_at, completed_at, last_scan_started_at, fence, attempts, discovered_at"
+  "id, source, identity, status, observed_remote_at, covered_remote_at, completed_at, last_scan_started_at, fence, attempts, discovered_at, priority"
 
 /** Decodes a target row. */
 export const target = (r: Row): Target.Target => ({
@@ -26,7 +26,8 @@ export const target = (r: Row): Target.Target => ({
   lastScanStartedAt: numOrNull(r.last_scan_started_at),
   fence: num(r.fence),
   attempts: num(r.attempts),
-  discoveredAt: num(r.discovered_at)
+  discoveredAt: num(r.discovered_at),
+  priority: num(r.priority)
 })
 
 /** Decodes an assignment row. */

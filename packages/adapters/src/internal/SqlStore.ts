@@ -1,6 +1,6 @@
 import { SqlClient, Statement } from "@effect/sql"
 import { Effect, Either, Exit, Ref, Schedule } from "effect"
-import { Assignment, Claim, Deadline, Errors, Findings, Percentile, Source, Store, type Target, WorkerWrite } from "@scanfleet/core"
+import { Assignment, Claim, Deadline, Errors, Findings, Percentile, Priority, Source, Store, type Target, WorkerWrite } from "@scanfleet/core"
 import * as SqlFindingStore from "../SqlFindingStore.js"
 import * as Codec from "./Codec.js"
 import * as Rollups from "./Rollups.js"
@@ -524,7 +524,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
           return req.slots.flatMap((_, i) => (taken.has(i) ? [taken.get(i)!] : []))
         }
         if (req.sourceCap === undefined) {
-          const taken = [...(yield* claimBatch(sql, req, isPg, req.slots.length))].sort((a, b) => a.id - b.id)
+          const taken = [...(yield* claimBatch(sql, req, isPg, req.slots.length))].sort(Priority.compare)
           return taken.length === 0 ? [] : yield* insertAssignments(req.deviceId, slots, req, taken, req.slots)
         }
         // A fleet-wide cap is a count over other devices' rows: serialise capped claims so two cannot both
@@ -618,9 +618,9 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
               SELECT ok.*, row_number() OVER (ORDER BY ok.ord) AS k FROM ok
               WHERE NOT ${whole}::bool OR (SELECT count(*) FROM ok) = (SELECT count(*) FROM req)
             ), pick AS (
-              SELECT c.id, row_number() OVER (ORDER BY c.id) AS k FROM (
-                SELECT c.id FROM targets c WHERE c.status = 'pending' AND c.source = ANY (${sources}::text[])
-                ORDER BY c.id LIMIT (SELECT count(*) FROM g) FOR UPDATE SKIP LOCKED) c
+              SELECT c.id, row_number() OVER (ORDER BY ${sql.literal(Priority.claimKeySql("c"))}, c.id) AS k FROM (
+                SELECT c.id, c.priority FROM targets c WHERE c.status = 'pending' AND c.source = ANY (${sources}::text[])
+                ORDER BY ${sql.literal(Priority.claimKeySql("c"))}, c.id LIMIT (SELECT count(*) FROM g) FOR UPDATE SKIP LOCKED) c
             ), t AS (
               UPDATE targets SET status = 'in_progress', covered_remote_at = observed_remote_at, fence = fence + 1,
                 last_scan_started_at = g.now, attempts = attempts + 1

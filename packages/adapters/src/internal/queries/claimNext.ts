@@ -1,10 +1,10 @@
 import type { SqlClient, Statement } from "@effect/sql"
 import { Effect } from "effect"
-import type { Source, Target } from "@scanfleet/core"
+import { Priority, type Source, type Target } from "@scanfleet/core"
 import * as Codec from "../Codec.js"
 
 /**
- * Takes the lowest-id pending target (within the allowed sources and under the
+ * Takes the first pending target in claim order (`Priority.compare`; within the allowed sources and under the
  * per-source in-flight cap) and applies core's claim in the same statement:
  * `covered_remote_at` := `observed_remote_at` as it is now, fence and attempts
  * bumped, scan start stamped. On Postgres the candidate is locked with
@@ -51,7 +51,7 @@ export const claimStatement = (
   const pick = sql`
       SELECT c.id FROM targets c
       WHERE ${sql.and(filters)}
-      ORDER BY c.id
+      ORDER BY ${sql.literal(Priority.claimKeySql("c"))}, c.id
       LIMIT ${sql.literal(String(Math.max(0, Math.floor(limit))))}${skipLocked ? sql.literal(" FOR UPDATE SKIP LOCKED") : sql.literal("")}`
   // Several ids: an array built once (Postgres) keeps the plan an index probe per id rather than a join.
   const ids = limit === 1 ? sql`id = (${pick})` : skipLocked ? sql`id = ANY (ARRAY(${pick}))` : sql`id IN (${pick})`

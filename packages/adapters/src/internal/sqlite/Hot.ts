@@ -1,7 +1,7 @@
 import type { SqlError } from "@effect/sql"
 import type Sqlite from "better-sqlite3"
 import { Effect, Either } from "effect"
-import { Assignment, Claim, Deadline, Errors, Findings, type PhaseModel, type Store, Target, WorkerWrite } from "@scanfleet/core"
+import { Assignment, Claim, Deadline, Errors, Findings, type PhaseModel, Priority, type Store, Target, WorkerWrite } from "@scanfleet/core"
 import * as Codec from "../Codec.js"
 import { mapped } from "../SqlErrors.js"
 import type { Database } from "./Connection.js"
@@ -195,10 +195,10 @@ const statements = (db: Sqlite.Database) => {
   return {
     device: db.prepare("SELECT slots, revoked_at FROM devices WHERE id = ?"),
     busySlots: db.prepare("SELECT slot FROM assignments WHERE device_id = ? AND state = 'active'").pluck(),
-    // core's Claim.claim in one statement on the lowest-id pending target.
+    // core's Claim.claim in one statement on the first pending target in claim order (Priority).
     pick: db.prepare(`
       UPDATE targets SET ${claimSet}
-      WHERE status = 'pending' AND id = (SELECT c.id FROM targets c WHERE c.status = 'pending' ORDER BY c.id LIMIT 1)
+      WHERE status = 'pending' AND id = (SELECT c.id FROM targets c WHERE c.status = 'pending' ORDER BY ${Priority.claimKeySql("c")}, c.id LIMIT 1)
       RETURNING ${Codec.targetColumns}`),
     pickFiltered: db.prepare(`
       UPDATE targets SET ${claimSet}
@@ -208,7 +208,7 @@ const statements = (db: Sqlite.Database) => {
           AND (@sources IS NULL OR c.source IN (SELECT value FROM json_each(@sources)))
           AND (@cap IS NULL OR c.source NOT IN (
             SELECT a.source FROM assignments a WHERE a.state = 'active' GROUP BY a.source HAVING count(*) >= @cap))
-        ORDER BY c.id LIMIT 1)
+        ORDER BY ${Priority.claimKeySql("c")}, c.id LIMIT 1)
       RETURNING ${Codec.targetColumns}`),
     reserve: db.prepare(`
       INSERT INTO assignments (target_id, source, identity, device_id, device_slots, slot, fence, policy, covered_remote_at,
