@@ -299,7 +299,6 @@ CREATE TABLE targets (
 );
 
 ALTER TABLE assignments ADD CONSTRAINT assignments_active_slot_range CHECK (((state <> 'active'::text) OR ((slot >= 0) AND (slot < device_slots))));
-ALTER TABLE assignments ADD CONSTRAINT assignments_device_slots_fkey FOREIGN KEY (device_id, device_slots) REFERENCES devices(id, slots);
 ALTER TABLE assignments ADD CONSTRAINT assignments_pkey PRIMARY KEY (reservation_id);
 ALTER TABLE assignments ADD CONSTRAINT assignments_state_check CHECK ((state = ANY (ARRAY['active'::text, 'completed'::text, 'failed'::text, 'expired'::text, 'released'::text])));
 ALTER TABLE assignments ADD CONSTRAINT assignments_target_id_fkey FOREIGN KEY (target_id) REFERENCES targets(id);
