@@ -7,7 +7,7 @@
 import { Effect } from "effect"
 import pg from "pg"
 import { loops, since, size, type Ctx } from "../Context.js"
-import { measure, type Contender, type Sample, type WorkloadResult } from "../Report.js"
+import { measure, meter, type Contender, type Sample, type WorkloadResult } from "../Report.js"
 import * as Scanfleet from "../Scanfleet.js"
 
 const stagePhases = ["assigned", "permit_wait", "preparing", "acquiring", "scanning", "filtering", "cleanup", "staging"] as const
@@ -153,6 +153,7 @@ const run = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Driver>, p
   try {
     const extra: Record<string, number> = {}
     let profile: Sample["profile"]
+    let cost: Pick<Sample, "cpu" | "walPerUnit"> = {}
     for (const c of combos) {
       const streams = await d.open(s.streams)
       await ctx.pg.analyze(db.name)
@@ -162,6 +163,7 @@ const run = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Driver>, p
       let accepted = 0
       let calls = 0
       await ctx.pg.resetStatements()
+      const costs = await meter(ctx.pg)
       const t0 = performance.now()
       await loops(s.streams, async (i) => {
         for (const seqs of plan(perStream, c)) {
@@ -172,6 +174,8 @@ const run = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Driver>, p
         }
       })
       const secs = since(t0)
+      // the first combination's costs are the table's, per submitted event
+      if (c === combos[0]) cost = await costs.end(submitted)
       const stmts = await ctx.pg.statements(db.name)
       if (c === combos[0]) profile = await ctx.pg.profile(db.name, calls)
       // exactly one row per (reservation, sequence), none missing
@@ -186,7 +190,7 @@ const run = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Driver>, p
       extra[`${key(c)}: stmts/call`] = stmts / calls
     }
     const first = combos[0]
-    return { value: extra[`${key(first)}: events/s`], statementsPerUnit: extra[`${key(first)}: stmts/call`], extra, profile }
+    return { value: extra[`${key(first)}: events/s`], statementsPerUnit: extra[`${key(first)}: stmts/call`], ...cost, extra, profile }
   } finally {
     await d.close()
     await ctx.pg.dropDb(db.name)
