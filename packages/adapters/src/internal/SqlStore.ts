@@ -111,10 +111,37 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         )
       )
     )
+  // SQLite (since its 0011): the same fold under the write lock, a batch in id order, taken
+  // out of the pending list in the transaction that stores its durations.
+  const foldPendingSqlite = (limit: number): Effect.Effect<number, Errors.StoreError> =>
+    transaction(
+      Effect.gen(function* () {
+        const rows = yield* sql<Row>`
+          SELECT d.reservation_id, a.source, a.issued_at, a.outcome, a.ended_at, (
+            SELECT json_group_array(json_array(p.seq, p.kind, p.phase, p.at, p.detail, p.accepted_at) ORDER BY p.seq)
+            FROM progress_events p WHERE p.reservation_id = d.reservation_id
+          ) AS timeline
+          FROM duration_pending d LEFT JOIN assignments a ON a.reservation_id = d.reservation_id
+          ORDER BY d.reservation_id LIMIT ${limit}`
+        if (rows.length === 0) return 0
+        const ds = rows.flatMap((r) =>
+          r.outcome === null || r.outcome === undefined
+            ? []
+            : WorkerWrite.durationsOfEnded(
+                { source: r.source as Source.Source, issuedAt: Number(r.issued_at) },
+                Submit.decodeTimeline(r.timeline),
+                r.outcome as Assignment.Outcome,
+                Number(r.ended_at)
+              )
+        )
+        yield* insertDurations(ds)
+        yield* sql`DELETE FROM duration_pending WHERE reservation_id <= ${Number(rows[rows.length - 1].reservation_id)}`
+        return rows.length
+      })
+    )
+  const foldSome = (limit: number, skipLocked: boolean) => (isPg ? foldPending(limit, skipLocked) : foldPendingSqlite(limit))
   // Everything pending now, a batch at a time; a batch short of the limit was the last one.
-  const foldAllPending: Effect.Effect<void, Errors.StoreError> = isPg
-    ? Effect.flatMap(foldPending(foldBatch, false), (n) => (n < foldBatch ? Effect.void : foldAllPending))
-    : Effect.void
+  const foldAllPending: Effect.Effect<void, Errors.StoreError> = Effect.flatMap(foldSome(foldBatch, false), (n) => (n < foldBatch ? Effect.void : foldAllPending))
 
   // Only well-formed credentials reach the one-statement paths; anything else can only be refused.
   const acceptable = (i: Store.ResultInput) => [i.reservationId, i.deviceId, i.fence, i.now].every(isId)
@@ -292,7 +319,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
             })
           )
         })
-      ), () => (isPg ? Effect.zipRight(foldPending(foldBatch, true), retryConflicts(mapped(foldDeltas))) : Effect.void)),
+      ), () => (isPg ? Effect.zipRight(foldPending(foldBatch, true), retryConflicts(mapped(foldDeltas))) : Effect.asVoid(foldPendingSqlite(foldBatch)))),
 
     getAssignment: (reservationId) =>
       Effect.flatMap(mapped(loadAssignment(reservationId, false)), (a) =>
