@@ -138,8 +138,6 @@ const cycleRun = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Drive
     await d.completeAll(now0 - 5 * DAY)
     await ctx.pg.analyze(db.name)
     const extra: Record<string, number> = { "new obs/s (seeding)": s.rows / seedSecs }
-    // the costs of the 10 %-newer pass (the table's figure), per observation
-    let cost: Pick<Sample, "cpu" | "walPerUnit"> = {}
     for (const p of passes) {
       const newer = (i: number) => (p === 100 ? true : p === 10 ? i % 10 === 0 : false)
       await ctx.pg.resetStatements()
@@ -148,7 +146,11 @@ const cycleRun = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Drive
       for (const c of chunks(ids, s.batch))
         await d.record(c.map((i) => ({ identity: identity(i), remoteAt: newer(i) ? now0 - DAY + p : seedAt(i) })), now0)
       const secs = since(t0)
-      if (p === 10) cost = await costs.end(s.rows)
+      // each pass's costs per observation, for its table
+      const cost = await costs.end(s.rows)
+      extra[`${p}% newer: client µs`] = cost.cpu!.clientMicros
+      extra[`${p}% newer: server µs`] = cost.cpu!.serverMicros
+      extra[`${p}% newer: WAL bytes`] = cost.walPerUnit!
       const stmts = await ctx.pg.statements(db.name)
       extra[`${p}% newer: obs/s`] = s.rows / secs
       extra[`${p}% newer: stmts/batch`] = stmts / Math.ceil(s.rows / s.batch)
@@ -164,7 +166,7 @@ const cycleRun = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Drive
     }
     extra["promotion ms"] = median(ms)
     extra["promotion stmts/call"] = (await ctx.pg.statements(db.name)) / s.promotions
-    return { value: extra["10% newer: obs/s"], statementsPerUnit: extra["10% newer: stmts/batch"], ...cost, extra }
+    return { value: extra["10% newer: obs/s"], statementsPerUnit: extra["10% newer: stmts/batch"], extra }
   } finally {
     await d.close()
     await ctx.pg.dropDb(db.name)
@@ -209,12 +211,19 @@ const promotionRun = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<D
   }
 }
 
+// A pass's costs, recorded under its key's prefix, as a table's cost columns (absent when not measured).
+const costsOf = (x: Sample, prefix: string): Pick<Sample, "cpu" | "walPerUnit"> =>
+  x.extra?.[`${prefix}client µs`] === undefined
+    ? {}
+    : { cpu: { clientMicros: Number(x.extra[`${prefix}client µs`]), serverMicros: Number(x.extra[`${prefix}server µs`]) }, walPerUnit: Number(x.extra[`${prefix}WAL bytes`]) }
+
 const pick = (systems: ReadonlyArray<SystemResult>, key: string, stmtsKey?: string): Array<SystemResult> =>
   systems.map((s) => ({
     ...s,
     samples: s.samples.map((x) => ({
       value: Number(x.extra?.[key]),
-      statementsPerUnit: stmtsKey ? Number(x.extra?.[stmtsKey]) : undefined
+      statementsPerUnit: stmtsKey ? Number(x.extra?.[stmtsKey]) : undefined,
+      ...costsOf(x, key.replace(/obs\/s$/, ""))
     }))
   }))
 

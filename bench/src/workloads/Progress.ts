@@ -153,7 +153,6 @@ const run = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Driver>, p
   try {
     const extra: Record<string, number> = {}
     let profile: Sample["profile"]
-    let cost: Pick<Sample, "cpu" | "walPerUnit"> = {}
     for (const c of combos) {
       const streams = await d.open(s.streams)
       await ctx.pg.analyze(db.name)
@@ -174,8 +173,11 @@ const run = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Driver>, p
         }
       })
       const secs = since(t0)
-      // the first combination's costs are the table's, per submitted event
-      if (c === combos[0]) cost = await costs.end(submitted)
+      // each combination's costs per submitted event, for its table
+      const cost = await costs.end(submitted)
+      extra[`${key(c)}: client µs`] = cost.cpu!.clientMicros
+      extra[`${key(c)}: server µs`] = cost.cpu!.serverMicros
+      extra[`${key(c)}: WAL bytes`] = cost.walPerUnit!
       const stmts = await ctx.pg.statements(db.name)
       if (c === combos[0]) profile = await ctx.pg.profile(db.name, calls)
       // exactly one row per (reservation, sequence), none missing
@@ -190,7 +192,7 @@ const run = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Driver>, p
       extra[`${key(c)}: stmts/call`] = stmts / calls
     }
     const first = combos[0]
-    return { value: extra[`${key(first)}: events/s`], statementsPerUnit: extra[`${key(first)}: stmts/call`], ...cost, extra, profile }
+    return { value: extra[`${key(first)}: events/s`], statementsPerUnit: extra[`${key(first)}: stmts/call`], extra, profile }
   } finally {
     await d.close()
     await ctx.pg.dropDb(db.name)
@@ -221,6 +223,8 @@ export const ingest = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
       samples: sys.samples.map((x) => ({
         value: Number(x.extra?.[`${key(c)}: events/s`]),
         statementsPerUnit: Number(x.extra?.[`${key(c)}: stmts/call`]),
+        cpu: { clientMicros: Number(x.extra?.[`${key(c)}: client µs`]), serverMicros: Number(x.extra?.[`${key(c)}: server µs`]) },
+        walPerUnit: Number(x.extra?.[`${key(c)}: WAL bytes`]),
         profile: c === combos[0] ? x.profile : undefined
       }))
     })),
