@@ -341,7 +341,6 @@ ALTER TABLE targets ADD CONSTRAINT targets_status_check CHECK ((status = ANY (AR
 
 CREATE INDEX assignments_active_expiry_idx ON assignments USING btree (expires_at, reservation_id) WHERE (state = 'active'::text);
 CREATE UNIQUE INDEX assignments_active_slot_idx ON assignments USING btree (device_id, slot) WHERE (state = 'active'::text);
-CREATE INDEX assignments_active_source_idx ON assignments USING btree (source) WHERE (state = 'active'::text);
 CREATE INDEX assignments_device_idx ON assignments USING btree (device_id, reservation_id);
 CREATE UNIQUE INDEX assignments_pkey ON assignments USING btree (reservation_id);
 CREATE INDEX assignments_target_idx ON assignments USING btree (target_id, reservation_id);
