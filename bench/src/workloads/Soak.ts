@@ -129,6 +129,7 @@ export const soak = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
                 const sf = await Scanfleet.openPg(url, s.claimers + 2)
                 const devices: Array<number> = []
                 const slots = Array.from({ length: s.batch }, (_, k) => k)
+                let empty = 0
                 return {
                   prepare: async () => {
                     const now = Date.now()
@@ -138,7 +139,14 @@ export const soak = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
                     sf.run((st) =>
                       Effect.gen(function* () {
                         const got = yield* st.claimMany({ deviceId: devices[i], slots, now: Date.now(), config: Scanfleet.config })
-                        if (got.length === 0) throw new Error("backlog ran dry")
+                        if (got.length === 0) {
+                          // A claim may find every candidate it reached locked by the other claimers (SKIP LOCKED):
+                          // only an empty queue is an error; the empty answers are counted in the table.
+                          const pending = (yield* st.countTargets()).filter((c) => c.status === "pending").reduce((n, c) => n + c.count, 0)
+                          if (pending === 0) throw new Error("backlog ran dry")
+                          empty++
+                          return 0
+                        }
                         const answers = yield* st.submitResults(
                           got.map((a) => ({ deviceId: a.deviceId, reservationId: a.reservationId, fence: a.fence, now: Date.now(), outcome: "clean" as const, finalPhase: null, body: "{}" }))
                         )
@@ -146,7 +154,10 @@ export const soak = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
                         return got.length
                       })
                     ),
-                  close: () => sf.close()
+                  close: () => {
+                    if (empty > 0) ctx.log(`      ${empty} claim calls found every candidate locked by the other claimers and took nothing`)
+                    return sf.close()
+                  }
                 }
               })
           }
