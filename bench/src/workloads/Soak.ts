@@ -67,17 +67,21 @@ const soakRun = async (
     const ticker = setInterval(async () => {
       counts.push(done)
       const at = done
-      const r = (await admin.query(claimBuffers, [db.name])).rows[0]
+      const r = (await admin.query(claimBuffers, [db.name]).catch(() => ({ rows: [last] }))).rows[0]
       buffers.push((r.blks - last.blks) / Math.max(1, at - last.done))
       last = { blks: r.blks, done: at }
       const k = counts.length
       ctx.log(`      window ${k}: ${Math.round((done - (k > 1 ? counts[k - 2] : 0)) / s.windowSeconds)} claims/s, ${buffers[k - 1].toFixed(1)} buffers/claim, ${done.toLocaleString("en-US")} claims`)
     }, windowMs)
     const more = () => performance.now() - t0 < s.seconds * 1000 && (s.claims <= 0 || done < s.claims)
-    await loops(s.claimers, async (i) => {
-      while (more()) done += await d.one(i)
-    })
-    clearInterval(ticker)
+    try {
+      await loops(s.claimers, async (i) => {
+        while (more()) done += await d.one(i)
+      })
+    } finally {
+      // a failed run must not leave its ticker reading through a closed client (that ended the whole bench)
+      clearInterval(ticker)
+    }
     const cost = await costs.end(done)
     // Only whole windows count; a run shorter than two windows has no trend to show.
     if (counts.length < 2) throw new Error(`soak: ${counts.length} whole window(s) of ${s.windowSeconds} s; run longer or use a shorter soak.window`)
