@@ -53,6 +53,8 @@ export interface Server {
   readonly cpuMicros: () => number
   /** The current WAL insert position, as bytes since the start of the WAL. */
   readonly walBytes: () => Promise<bigint>
+  /** The WAL written since `from` (a walBytes reading), by record type, heaviest first: where WAL per job goes (BENCH_TRACE). */
+  readonly walRecords: (from: bigint, units: number) => Promise<ReadonlyArray<{ readonly record: string; readonly perUnit: number; readonly bytesPerUnit: number }>>
   readonly version: string
   readonly stop: () => Promise<void>
 }
@@ -105,6 +107,7 @@ export const start = async (): Promise<Server> => {
   const admin = new pg.Client({ connectionString: url("postgres") })
   await admin.connect()
   await admin.query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+  await admin.query("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
   const version = (await admin.query("SHOW server_version")).rows[0].server_version as string
   const oid = async (db: string) => (await admin.query("SELECT oid FROM pg_database WHERE datname = $1", [db])).rows[0].oid as number
   return {
@@ -150,6 +153,15 @@ export const start = async (): Promise<Server> => {
     },
     cpuMicros: () => serverCpu(readFileSync(join(dir, "data", "postmaster.pid"), "utf8").split("\n")[0].trim()),
     walBytes: async () => BigInt((await admin.query("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::text AS b")).rows[0].b as string),
+    walRecords: async (from, units) => {
+      const r = await admin.query(
+        `SELECT "resource_manager/record_type" AS record, count::float8 AS n, combined_size::float8 AS bytes
+         FROM pg_get_wal_stats(pg_lsn '0/0' + $1::numeric, pg_current_wal_insert_lsn(), true) WHERE count > 0 ORDER BY combined_size DESC LIMIT 12`,
+        [from.toString()]
+      )
+      const per = Math.max(1, units)
+      return r.rows.map((x) => ({ record: String(x.record), perUnit: Number(x.n) / per, bytesPerUnit: Number(x.bytes) / per }))
+    },
     stop: async () => {
       await admin.end()
       await server.stop()

@@ -68,6 +68,7 @@ const scanfleet = (ctx: Ctx, s: Shape, oneDevice = false): Contender => ({
         // open every pool connection before the measured section
         await sf.run((st) => Effect.all(Array.from({ length: s.claimers + 2 }, () => st.countTargets()), { concurrency: "unbounded" }))
         await ctx.pg.resetStatements()
+        const wal0 = await ctx.pg.walBytes()
         const costs = await meter(ctx.pg)
         let taken = 0
         const t0 = performance.now()
@@ -111,7 +112,10 @@ const scanfleet = (ctx: Ctx, s: Shape, oneDevice = false): Contender => ({
         const cost = await costs.end(taken)
         const stmts = await ctx.pg.statements(db.name)
         const profile = await ctx.pg.profile(db.name, taken)
-        if (process.env.BENCH_TRACE) for (const x of await ctx.pg.topStatements(db.name, 25)) ctx.log(`      ${x.calls} calls ${x.ms} ms: ${x.query}`)
+        if (process.env.BENCH_TRACE) {
+          for (const x of await ctx.pg.topStatements(db.name, 25)) ctx.log(`      ${x.calls} calls ${x.ms} ms: ${x.query}`)
+          for (const x of await ctx.pg.walRecords(wal0, taken)) ctx.log(`      WAL ${x.record}: ${x.perUnit.toFixed(2)} records, ${x.bytesPerUnit.toFixed(0)} bytes per job`)
+        }
         const counts = await sf.run((st) => st.countTargets())
         const done = counts.filter((c) => c.status === "completed").reduce((n, c) => n + c.count, 0)
         if (done !== taken) throw new Error(`verification: ${done} targets completed, expected ${taken}`)

@@ -8,7 +8,7 @@
 import { Effect } from "effect"
 import pg from "pg"
 import { chunks, since, size, type Ctx } from "../Context.js"
-import { measure, median, type Contender, type Sample, type SystemResult, type WorkloadResult } from "../Report.js"
+import { measure, meter, median, type Contender, type Sample, type SystemResult, type WorkloadResult } from "../Report.js"
 import * as Scanfleet from "../Scanfleet.js"
 
 const DAY = 86_400_000
@@ -141,10 +141,16 @@ const cycleRun = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Drive
     for (const p of passes) {
       const newer = (i: number) => (p === 100 ? true : p === 10 ? i % 10 === 0 : false)
       await ctx.pg.resetStatements()
+      const costs = await meter(ctx.pg)
       const t0 = performance.now()
       for (const c of chunks(ids, s.batch))
         await d.record(c.map((i) => ({ identity: identity(i), remoteAt: newer(i) ? now0 - DAY + p : seedAt(i) })), now0)
       const secs = since(t0)
+      // each pass's costs per observation, for its table
+      const cost = await costs.end(s.rows)
+      extra[`${p}% newer: client µs`] = cost.cpu!.clientMicros
+      extra[`${p}% newer: server µs`] = cost.cpu!.serverMicros
+      extra[`${p}% newer: WAL bytes`] = cost.walPerUnit!
       const stmts = await ctx.pg.statements(db.name)
       extra[`${p}% newer: obs/s`] = s.rows / secs
       extra[`${p}% newer: stmts/batch`] = stmts / Math.ceil(s.rows / s.batch)
@@ -190,25 +196,34 @@ const promotionRun = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<D
     await ctx.pg.analyze(db.name)
     const ms: Array<number> = []
     await ctx.pg.resetStatements()
+    const costs = await meter(ctx.pg)
     for (let k = 0; k < s.promotions; k++) {
       const t0 = performance.now()
       const moved = await d.promote(now0)
       ms.push(performance.now() - t0)
       if (moved !== s.budget) throw new Error(`verification: promotion moved ${moved}, expected the budget ${s.budget}`)
     }
-    return { value: median(ms), statementsPerUnit: (await ctx.pg.statements(db.name)) / s.promotions }
+    // per promotion call
+    return { value: median(ms), statementsPerUnit: (await ctx.pg.statements(db.name)) / s.promotions, ...(await costs.end(s.promotions)) }
   } finally {
     await d.close()
     await ctx.pg.dropDb(db.name)
   }
 }
 
+// A pass's costs, recorded under its key's prefix, as a table's cost columns (absent when not measured).
+const costsOf = (x: Sample, prefix: string): Pick<Sample, "cpu" | "walPerUnit"> =>
+  x.extra?.[`${prefix}client µs`] === undefined
+    ? {}
+    : { cpu: { clientMicros: Number(x.extra[`${prefix}client µs`]), serverMicros: Number(x.extra[`${prefix}server µs`]) }, walPerUnit: Number(x.extra[`${prefix}WAL bytes`]) }
+
 const pick = (systems: ReadonlyArray<SystemResult>, key: string, stmtsKey?: string): Array<SystemResult> =>
   systems.map((s) => ({
     ...s,
     samples: s.samples.map((x) => ({
       value: Number(x.extra?.[key]),
-      statementsPerUnit: stmtsKey ? Number(x.extra?.[stmtsKey]) : undefined
+      statementsPerUnit: stmtsKey ? Number(x.extra?.[stmtsKey]) : undefined,
+      ...costsOf(x, key.replace(/obs\/s$/, ""))
     }))
   }))
 

@@ -10,7 +10,7 @@ import { createServer } from "node:net"
 import { dirname, join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { chunks, loops, since, size, type Ctx } from "../Context.js"
-import { measure, median, type Sample, type SystemResult, type WorkloadResult } from "../Report.js"
+import { measure, meter, median, type Sample, type SystemResult, type WorkloadResult } from "../Report.js"
 import * as Scanfleet from "../Scanfleet.js"
 
 const freePort = () =>
@@ -101,6 +101,8 @@ const run = async (ctx: Ctx, devices: number, seconds: number, backlog: number):
       return r.json
     }
     await ctx.pg.resetStatements()
+    // the server child's CPU is not this process's: the client column is the load generator, the server column PostgreSQL
+    const costs = await meter(ctx.pg)
     let assignments = 0
     const t0 = performance.now()
     const deadline = t0 + seconds * 1000
@@ -123,6 +125,7 @@ const run = async (ctx: Ctx, devices: number, seconds: number, backlog: number):
       }
     })
     const secs = since(t0)
+    const cost = await costs.end(assignments)
     const stmts = await ctx.pg.statements(db.name)
     if (process.env.BENCH_TRACE) for (const x of await ctx.pg.topStatements(db.name, 30)) ctx.log(`      ${x.calls} calls ${x.ms} ms: ${x.query}`)
     const extra: Record<string, number> = { assignments }
@@ -130,7 +133,7 @@ const run = async (ctx: Ctx, devices: number, seconds: number, backlog: number):
       extra[`${k} p50 ms`] = pct(lat[k], 0.5)
       extra[`${k} p99 ms`] = pct(lat[k], 0.99)
     }
-    return { value: assignments / secs, statementsPerUnit: stmts / assignments, extra, profile: await ctx.pg.profile(db.name, assignments) }
+    return { value: assignments / secs, statementsPerUnit: stmts / assignments, ...cost, extra, profile: await ctx.pg.profile(db.name, assignments) }
   } finally {
     if (child && child.exitCode === null) {
       child.kill("SIGTERM")

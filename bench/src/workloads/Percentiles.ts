@@ -9,7 +9,7 @@
  */
 import pg from "pg"
 import { chunks, prng, since, size, type Ctx } from "../Context.js"
-import { measure, median, type Contender, type Sample, type WorkloadResult } from "../Report.js"
+import { measure, meter, median, type Contender, type Sample, type WorkloadResult } from "../Report.js"
 import * as Scanfleet from "../Scanfleet.js"
 
 const DAY = 86_400_000
@@ -153,6 +153,7 @@ const run = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Driver>, p
     const perQuery: Array<number> = []
     const answers = new Map<string, Map<string, Row>>()
     await ctx.pg.resetStatements()
+    const costs = await meter(ctx.pg)
     for (const q of qs) {
       const ms: Array<number> = []
       for (let k = 0; k < s.repeats; k++) {
@@ -163,6 +164,8 @@ const run = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Driver>, p
       }
       perQuery.push(median(ms))
     }
+    // per query
+    const cost = await costs.end(qs.length * s.repeats)
     const stmts = await ctx.pg.statements(db.name)
     const extra: Record<string, number> = { "worst query ms": Math.max(...perQuery), "ingest rows/s": s.rows / ingestSecs }
     qs.forEach((q, i) => (extra[`${q.label} ms`] = perQuery[i]))
@@ -183,7 +186,7 @@ const run = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Driver>, p
       extra["max relative error %"] = 100 * worst
       extra["groups compared"] = groups
     }
-    return { value: median(perQuery), statementsPerUnit: stmts / (qs.length * s.repeats), extra }
+    return { value: median(perQuery), statementsPerUnit: stmts / (qs.length * s.repeats), ...cost, extra }
   } finally {
     await d.close()
     await ctx.pg.dropDb(db.name)

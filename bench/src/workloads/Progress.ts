@@ -7,7 +7,7 @@
 import { Effect } from "effect"
 import pg from "pg"
 import { loops, since, size, type Ctx } from "../Context.js"
-import { measure, type Contender, type Sample, type WorkloadResult } from "../Report.js"
+import { measure, meter, type Contender, type Sample, type WorkloadResult } from "../Report.js"
 import * as Scanfleet from "../Scanfleet.js"
 
 const stagePhases = ["assigned", "permit_wait", "preparing", "acquiring", "scanning", "filtering", "cleanup", "staging"] as const
@@ -162,6 +162,7 @@ const run = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Driver>, p
       let accepted = 0
       let calls = 0
       await ctx.pg.resetStatements()
+      const costs = await meter(ctx.pg)
       const t0 = performance.now()
       await loops(s.streams, async (i) => {
         for (const seqs of plan(perStream, c)) {
@@ -172,6 +173,11 @@ const run = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Driver>, p
         }
       })
       const secs = since(t0)
+      // each combination's costs per submitted event, for its table
+      const cost = await costs.end(submitted)
+      extra[`${key(c)}: client µs`] = cost.cpu!.clientMicros
+      extra[`${key(c)}: server µs`] = cost.cpu!.serverMicros
+      extra[`${key(c)}: WAL bytes`] = cost.walPerUnit!
       const stmts = await ctx.pg.statements(db.name)
       if (c === combos[0]) profile = await ctx.pg.profile(db.name, calls)
       // exactly one row per (reservation, sequence), none missing
@@ -217,6 +223,8 @@ export const ingest = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
       samples: sys.samples.map((x) => ({
         value: Number(x.extra?.[`${key(c)}: events/s`]),
         statementsPerUnit: Number(x.extra?.[`${key(c)}: stmts/call`]),
+        cpu: { clientMicros: Number(x.extra?.[`${key(c)}: client µs`]), serverMicros: Number(x.extra?.[`${key(c)}: server µs`]) },
+        walPerUnit: Number(x.extra?.[`${key(c)}: WAL bytes`]),
         profile: c === combos[0] ? x.profile : undefined
       }))
     })),

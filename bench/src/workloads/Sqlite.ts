@@ -6,7 +6,7 @@
  */
 import Database from "better-sqlite3"
 import { Effect } from "effect"
-import { mkdtempSync, rmSync } from "node:fs"
+import { mkdtempSync, readFileSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { chunks, since, size, type Ctx } from "../Context.js"
@@ -28,6 +28,23 @@ interface Shape {
 
 const identity = (i: number) => `org-${i % 997}/repo-${i}`
 
+// Bytes this process handed to write(2) so far: SQLite's WAL appends and its checkpoints' writes
+// to the database file (the store checkpoints on a worker thread of this process; raw
+// better-sqlite3 checkpoints inline), so both sides count the same kinds of write.
+const written = () => Number(/^wchar: (\d+)$/m.exec(readFileSync("/proc/self/io", "utf8"))?.[1] ?? 0)
+
+/** Starts measuring a section: this process's CPU (the whole store runs in it) and the bytes it wrote; `end` records them per unit under `key`. */
+const section = (extra: Record<string, number>, key: string) => {
+  const cpu0 = process.cpuUsage()
+  const w0 = written()
+  return (units: number) => {
+    const c = process.cpuUsage(cpu0)
+    const per = Math.max(1, units)
+    extra[`${key} cpu`] = (c.user + c.system) / per
+    extra[`${key} written`] = (written() - w0) / per
+  }
+}
+
 const freshFile = () => {
   const dir = mkdtempSync(join(tmpdir(), "scanfleet-bench-sqlite-"))
   return { file: join(dir, "bench.db"), remove: () => rmSync(dir, { recursive: true, force: true }) }
@@ -44,6 +61,7 @@ const scanfleetRun = async (s: Shape): Promise<Sample> => {
     for (const c of chunks(Array.from({ length: s.backlog }, (_, i) => i), 10_000))
       await sf.run((st) => st.recordObservations(c.map((i) => ({ source: "gitlab" as const, identity: `q/${i}`, remoteAt: null })), now))
     let done = 0
+    let cost = section(extra, "claim+complete jobs/s")
     let t0 = performance.now()
     const deadline = t0 + s.capSeconds * 1000
     while (done < s.jobs && performance.now() < deadline) {
@@ -53,6 +71,7 @@ const scanfleetRun = async (s: Shape): Promise<Sample> => {
       done++
     }
     extra["claim+complete jobs/s"] = done / since(t0)
+    cost(done)
     // discovery: seed, mark completed, then a 10 %-newer pass
     const ids = Array.from({ length: s.rows }, (_, i) => i)
     for (const c of chunks(ids, s.batch))
@@ -60,24 +79,28 @@ const scanfleetRun = async (s: Shape): Promise<Sample> => {
     const db = new Database(f.file)
     db.prepare("UPDATE targets SET status = 'completed', covered_remote_at = observed_remote_at, completed_at = ?, last_scan_started_at = ? WHERE source = 'github'").run(now - 5 * DAY, now - 5 * DAY)
     db.close()
+    cost = section(extra, "discovery obs/s (10% newer)")
     t0 = performance.now()
     for (const c of chunks(ids, s.batch))
       await sf.run((st) =>
         st.recordObservations(c.map((i) => ({ source: "github" as const, identity: identity(i), remoteAt: i % 10 === 0 ? now - DAY : now - 10 * DAY + i })), now)
       )
     extra["discovery obs/s (10% newer)"] = s.rows / since(t0)
+    cost(s.rows)
     // progress ingest, one reservation, batches of eventBatch
     const a = await sf.run((st) =>
       Effect.flatMap(st.recordObservations([{ source: "huggingface", identity: "progress", remoteAt: null }], now), () =>
         st.addDevice({ name: "p", slots: 1, tokenHash: "p", now })
       ).pipe(Effect.flatMap((d) => Effect.flatMap(st.claim({ deviceId: d.id, slot: 0, now, config: Scanfleet.config, sources: ["huggingface"] }), Effect.fromNullable)))
     )
+    cost = section(extra, "ingest events/s")
     t0 = performance.now()
     for (let seq = 1; seq <= s.events; seq += s.eventBatch) {
       const evs = Array.from({ length: Math.min(s.eventBatch, s.events - seq + 1) }, (_, k) => event(seq + k, now))
       await sf.run((st) => st.appendProgress({ deviceId: a.deviceId, reservationId: a.reservationId, fence: a.fence, now: Date.now() }, evs))
     }
     extra["ingest events/s"] = s.events / since(t0)
+    cost(s.events)
     const tl = await sf.run((st) => st.timeline(a.reservationId))
     if (tl.length !== s.events) throw new Error(`verification: ${tl.length} events stored, expected ${s.events}`)
     return { value: extra["claim+complete jobs/s"], extra }
@@ -130,6 +153,7 @@ const rawRun = async (s: Shape): Promise<Sample> => {
       if (endA.run(t, c.reservationId, c.fence).changes !== 1 || endT.run(t, c.targetId, c.fence).changes !== 1) throw new Error("fenced complete refused")
     })
     let done = 0
+    let cost = section(extra, "claim+complete jobs/s")
     let t0 = performance.now()
     const deadline = t0 + s.capSeconds * 1000
     while (done < s.jobs && performance.now() < deadline) {
@@ -139,12 +163,15 @@ const rawRun = async (s: Shape): Promise<Sample> => {
       done++
     }
     extra["claim+complete jobs/s"] = done / since(t0)
+    cost(done)
     const ids = Array.from({ length: s.rows }, (_, i) => i)
     for (const c of chunks(ids, s.batch)) record.immediate(c.map((i) => ["github", identity(i), now - 10 * DAY + i] as const))
     db.prepare("UPDATE targets SET status = 'completed', covered_remote_at = observed_remote_at, completed_at = ?, last_scan_started_at = ? WHERE source = 'github'").run(now - 5 * DAY, now - 5 * DAY)
+    cost = section(extra, "discovery obs/s (10% newer)")
     t0 = performance.now()
     for (const c of chunks(ids, s.batch)) record.immediate(c.map((i) => ["github", identity(i), i % 10 === 0 ? now - DAY : now - 10 * DAY + i] as const))
     extra["discovery obs/s (10% newer)"] = s.rows / since(t0)
+    cost(s.rows)
     const p = claim.immediate(now)!
     const ins = db.prepare("INSERT INTO progress_events (reservation_id, seq, kind, phase, at, detail, accepted_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING")
     const bump = db.prepare("UPDATE assignments SET last_seq = ?, last_phase = ?, last_progress_at = ? WHERE reservation_id = ? AND fence = ? AND state = 'active'")
@@ -153,10 +180,12 @@ const rawRun = async (s: Shape): Promise<Sample> => {
       const last = evs[evs.length - 1]
       bump.run(last.seq, last.phase, t, p.reservationId, p.fence)
     })
+    cost = section(extra, "ingest events/s")
     t0 = performance.now()
     for (let seq = 1; seq <= s.events; seq += s.eventBatch)
       append.immediate(Array.from({ length: Math.min(s.eventBatch, s.events - seq + 1) }, (_, k) => event(seq + k, now)), Date.now())
     extra["ingest events/s"] = s.events / since(t0)
+    cost(s.events)
     return { value: extra["claim+complete jobs/s"], extra }
   } finally {
     db.close()
@@ -164,8 +193,17 @@ const rawRun = async (s: Shape): Promise<Sample> => {
   }
 }
 
+// One section's figures as a table's samples: its rate, its CPU per unit (no server: SQLite runs in
+// the process) and its bytes written per unit in the WAL column.
 const pick = (systems: ReadonlyArray<SystemResult>, key: string): Array<SystemResult> =>
-  systems.map((s) => ({ ...s, samples: s.samples.map((x) => ({ value: Number(x.extra?.[key]) })) }))
+  systems.map((s) => ({
+    ...s,
+    samples: s.samples.map((x) => ({
+      value: Number(x.extra?.[key]),
+      cpu: { clientMicros: Number(x.extra?.[`${key} cpu`]), serverMicros: 0 },
+      walPerUnit: Number(x.extra?.[`${key} written`])
+    }))
+  }))
 
 /** Workload 7 as three tables. */
 export const all = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
@@ -186,6 +224,7 @@ export const all = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
   ]
   const systems = await measure(contenders, ctx.runs, ctx.log)
   const common = "SQLite in WAL mode with synchronous = NORMAL (SqliteStore's default), one process, one connection, sequential"
+  const costs = "CPU is the whole process's (SQLite runs in it: the server column is 0); the WAL column is every byte the process wrote (WAL frames and checkpoints into the database file)"
   return [
     {
       id: "7.claim",
@@ -194,7 +233,7 @@ export const all = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
       unit: "jobs/s",
       higherIsBetter: true,
       systems: pick(systems, "claim+complete jobs/s"),
-      notes: [common]
+      notes: [common, costs]
     },
     {
       id: "7.discovery",
@@ -203,7 +242,7 @@ export const all = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
       unit: "obs/s",
       higherIsBetter: true,
       systems: pick(systems, "discovery obs/s (10% newer)"),
-      notes: []
+      notes: [costs]
     },
     {
       id: "7.ingest",
@@ -212,7 +251,7 @@ export const all = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
       unit: "events/s",
       higherIsBetter: true,
       systems: pick(systems, "ingest events/s"),
-      notes: []
+      notes: [costs]
     }
   ]
 }

@@ -300,7 +300,6 @@ CREATE TABLE targets (
 );
 
 ALTER TABLE assignments ADD CONSTRAINT assignments_active_slot_range CHECK (((state <> 'active'::text) OR ((slot >= 0) AND (slot < device_slots))));
-ALTER TABLE assignments ADD CONSTRAINT assignments_device_slots_fkey FOREIGN KEY (device_id, device_slots) REFERENCES devices(id, slots);
 ALTER TABLE assignments ADD CONSTRAINT assignments_pkey PRIMARY KEY (reservation_id);
 ALTER TABLE assignments ADD CONSTRAINT assignments_state_check CHECK ((state = ANY (ARRAY['active'::text, 'completed'::text, 'failed'::text, 'expired'::text, 'released'::text])));
 ALTER TABLE assignments ADD CONSTRAINT assignments_target_id_fkey FOREIGN KEY (target_id) REFERENCES targets(id);
@@ -344,7 +343,6 @@ ALTER TABLE targets ADD CONSTRAINT targets_status_check CHECK ((status = ANY (AR
 
 CREATE INDEX assignments_active_expiry_idx ON assignments USING btree (expires_at, reservation_id) WHERE (state = 'active'::text);
 CREATE UNIQUE INDEX assignments_active_slot_idx ON assignments USING btree (device_id, slot) WHERE (state = 'active'::text);
-CREATE INDEX assignments_active_source_idx ON assignments USING btree (source) WHERE (state = 'active'::text);
 CREATE INDEX assignments_device_idx ON assignments USING btree (device_id, reservation_id);
 CREATE UNIQUE INDEX assignments_pkey ON assignments USING btree (reservation_id);
 CREATE INDEX assignments_target_idx ON assignments USING btree (target_id, reservation_id);

@@ -79,6 +79,8 @@ CREATE TABLE devices (
       revoked_at BIGINT
     , containment TEXT, reported_at INTEGER);
 
+CREATE TABLE duration_pending (reservation_id INTEGER PRIMARY KEY);
+
 CREATE TABLE duration_rollups (
       span BIGINT NOT NULL,
       source TEXT NOT NULL,

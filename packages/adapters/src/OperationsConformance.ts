@@ -424,6 +424,51 @@ export const operationsConformance = (name: string, make: MakeOperations, capabi
             const t = yield* s.getTarget("github", "r6")
             expect(t.status).toBe(Either.isRight(cancel) ? "pending" : "completed")
           }))
+
+        test("revocations racing claims of their devices' slots leave those devices no active reservation, and every claim after one is refused", (s, o) =>
+          Effect.gen(function* () {
+            const devices = yield* Effect.forEach([0, 1, 2, 3, 4, 5], (k) => s.addDevice({ name: `lost-${k}`, slots: 4, tokenHash: `h-lost-${k}`, now: T0 }))
+            yield* s.recordObservations(Array.from({ length: 3000 }, (_, i) => obs("github", `rv${i}`, null)), T0)
+            // Every slot claims, finishes and claims again (single claims and batches of two) until its
+            // device's revocation has returned: a claim of a revoked device either committed before the
+            // revocation (which ended it) or is refused; none is left active.
+            const revoked = new Set<number>()
+            let won = 0
+            const acceptedAfter: Array<number> = []
+            const refusals = new Set<string>()
+            const loop = (deviceId: number, slot: number) =>
+              Effect.gen(function* () {
+                for (let i = 0; !revoked.has(deviceId) || i % 2 === 1; i++) {
+                  const got = yield* Effect.either(
+                    slot % 2 === 0 && i % 4 === 0
+                      ? s.claimMany({ deviceId, slots: [slot, slot + 1], now: T0 + i, config })
+                      : Effect.map(s.claim({ deviceId, slot, now: T0 + i, config }), (a) => (a === null ? [] : [a]))
+                  )
+                  if (Either.isLeft(got)) refusals.add(String((got.left as { reason?: string }).reason))
+                  else
+                    for (const a of got.right) {
+                      won++
+                      // a reservation alive once its device's revocation has returned would be accepted here
+                      const after = revoked.has(deviceId)
+                      const r = yield* Effect.either(finish(s, a, T0 + i + 1))
+                      if (after && Either.isRight(r)) acceptedAfter.push(a.reservationId)
+                    }
+                }
+              })
+            const revoke = (deviceId: number, k: number) =>
+              Effect.delay(Effect.tap(o.revokeDevice(deviceId, who(T0 + MIN, "stolen")), () => Effect.sync(() => revoked.add(deviceId))), `${100 + 40 * k} millis`)
+            const ended = yield* Effect.all(
+              [...devices.map((d, k) => revoke(d.id, k)), ...devices.flatMap((d) => [0, 1, 2, 3].map((slot) => Effect.as(loop(d.id, slot), [])))],
+              { concurrency: "unbounded" }
+            )
+            expect(won).toBeGreaterThan(0)
+            expect(acceptedAfter).toEqual([])
+            for (const d of devices) expect(yield* s.listAssignments({ state: "active", deviceId: d.id, limit: 100 })).toEqual([])
+            for (const a of ended.flat()) expect(a.state).toBe("released")
+            for (const r of refusals) expect(["unknown_device", "slot_busy"]).toContain(r)
+            expect(refusals.has("unknown_device")).toBe(true)
+            expect(yield* failure(s.claim({ deviceId: devices[0].id, slot: 0, now: T0 + 2 * MIN, config }))).toMatchObject({ reason: "unknown_device" })
+          }))
       })
 
     describe("model-based", () => {

@@ -2,6 +2,7 @@ import { SqlClient, type Statement } from "@effect/sql"
 import { Effect, Layer, Schedule } from "effect"
 import { type Assignment, Errors, Operations, Retry, Source } from "@scanfleet/core"
 import * as Codec from "./internal/Codec.js"
+import * as Dialect from "./internal/Dialect.js"
 import { mapped } from "./internal/SqlErrors.js"
 import * as Promote from "./internal/queries/promote.js"
 
@@ -42,6 +43,7 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
   const sql = yield* SqlClient.SqlClient
   const isPg = sql.onDialectOrElse({ pg: () => true, orElse: () => false })
   const forUpdate = sql.literal(isPg ? " FOR UPDATE" : "")
+  const { revocationLock } = Dialect.of(sql)
   const lockTarget = sql.literal(isPg ? " FOR UPDATE OF t" : "")
   // As the Store does: SQLite takes its write lock first, so a transaction never fails to upgrade.
   const writeLock = isPg ? Effect.void : sql`UPDATE targets SET fence = fence WHERE 0`
@@ -308,9 +310,11 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
     revokeDevice: (deviceId, actor) =>
       transaction(
         Effect.gen(function* () {
-          // The device row first: a claim in flight holds it (share lock) and a later one sees the revocation.
+          // The device row first (as a transactional claim takes it), then the revocation's own lock:
+          // claims in flight commit before the read below, later ones wait and see the revocation.
           const rows = isId(deviceId) ? yield* sql`UPDATE devices SET revoked_at = COALESCE(revoked_at, ${actor.now}) WHERE id = ${deviceId} RETURNING id` : []
           if (rows.length === 0) return yield* new Errors.NotFound({ entity: "device", key: String(deviceId) })
+          yield* revocationLock
           const active = (yield* sql<Row>`
             SELECT * FROM assignments WHERE device_id = ${deviceId} AND state = 'active' ORDER BY reservation_id${forUpdate}`).map(Codec.assignment)
           const ended = yield* endAll(active, actor.now)

@@ -24,6 +24,13 @@ export interface Dialect {
   readonly writeLock: Effect.Effect<unknown, SqlError.SqlError>
   /** Serialises the transactions that count fleet-wide (a per-source cap); SQLite's write lock does. */
   readonly capLock: Effect.Effect<unknown, SqlError.SqlError>
+  /**
+   * Taken by a revocation, after its device row: claims do not lock the device row, so a
+   * revocation waits for the claims in flight (they hold a writer's lock on assignments)
+   * and holds new ones back until it commits; they then read the device as revoked. SQLite's
+   * write lock already serialises them.
+   */
+  readonly revocationLock: Effect.Effect<unknown, SqlError.SqlError>
   /** The collation that groups raw rows by bytes, as the rollups' columns do. */
   readonly bytes: string
 }
@@ -41,6 +48,8 @@ export const of = (sql: SqlClient.SqlClient): Dialect =>
       json: (v) => sql`${JSON.stringify(v)}::jsonb`,
       writeLock: Effect.void,
       capLock: sql`SELECT pg_advisory_xact_lock(${CAP_LOCK})`,
+      // Conflicts with writers (ROW EXCLUSIVE) and with itself; readers go on.
+      revocationLock: sql`LOCK TABLE assignments IN SHARE ROW EXCLUSIVE MODE`,
       bytes: ' COLLATE "C"'
     }),
     orElse: (): Dialect => ({
@@ -50,6 +59,7 @@ export const of = (sql: SqlClient.SqlClient): Dialect =>
       json: (v) => sql`${JSON.stringify(v)}`,
       writeLock: sql`UPDATE targets SET fence = fence WHERE 0`,
       capLock: Effect.void,
+      revocationLock: Effect.void,
       bytes: ""
     })
   })

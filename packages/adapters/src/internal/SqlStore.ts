@@ -111,10 +111,37 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         )
       )
     )
+  // SQLite (since its 0011): the same fold under the write lock, a batch in id order, taken
+  // out of the pending list in the transaction that stores its durations.
+  const foldPendingSqlite = (limit: number): Effect.Effect<number, Errors.StoreError> =>
+    transaction(
+      Effect.gen(function* () {
+        const rows = yield* sql<Row>`
+          SELECT d.reservation_id, a.source, a.issued_at, a.outcome, a.ended_at, (
+            SELECT json_group_array(json_array(p.seq, p.kind, p.phase, p.at, p.detail, p.accepted_at) ORDER BY p.seq)
+            FROM progress_events p WHERE p.reservation_id = d.reservation_id
+          ) AS timeline
+          FROM duration_pending d LEFT JOIN assignments a ON a.reservation_id = d.reservation_id
+          ORDER BY d.reservation_id LIMIT ${limit}`
+        if (rows.length === 0) return 0
+        const ds = rows.flatMap((r) =>
+          r.outcome === null || r.outcome === undefined
+            ? []
+            : WorkerWrite.durationsOfEnded(
+                { source: r.source as Source.Source, issuedAt: Number(r.issued_at) },
+                Submit.decodeTimeline(r.timeline),
+                r.outcome as Assignment.Outcome,
+                Number(r.ended_at)
+              )
+        )
+        yield* insertDurations(ds)
+        yield* sql`DELETE FROM duration_pending WHERE reservation_id <= ${Number(rows[rows.length - 1].reservation_id)}`
+        return rows.length
+      })
+    )
+  const foldSome = (limit: number, skipLocked: boolean) => (isPg ? foldPending(limit, skipLocked) : foldPendingSqlite(limit))
   // Everything pending now, a batch at a time; a batch short of the limit was the last one.
-  const foldAllPending: Effect.Effect<void, Errors.StoreError> = isPg
-    ? Effect.flatMap(foldPending(foldBatch, false), (n) => (n < foldBatch ? Effect.void : foldAllPending))
-    : Effect.void
+  const foldAllPending: Effect.Effect<void, Errors.StoreError> = Effect.flatMap(foldSome(foldBatch, false), (n) => (n < foldBatch ? Effect.void : foldAllPending))
 
   // Only well-formed credentials reach the one-statement paths; anything else can only be refused.
   const acceptable = (i: Store.ResultInput) => [i.reservationId, i.deviceId, i.fence, i.now].every(isId)
@@ -292,7 +319,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
             })
           )
         })
-      ), () => (isPg ? Effect.zipRight(foldPending(foldBatch, true), retryConflicts(mapped(foldDeltas))) : Effect.void)),
+      ), () => (isPg ? Effect.zipRight(foldPending(foldBatch, true), retryConflicts(mapped(foldDeltas))) : Effect.asVoid(foldPendingSqlite(foldBatch)))),
 
     getAssignment: (reservationId) =>
       Effect.flatMap(mapped(loadAssignment(reservationId, false)), (a) =>
@@ -487,7 +514,11 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
 
     revokeDevice: (id, now) =>
       Effect.flatMap(
-        isId(id) ? mapped(sql<Row>`UPDATE devices SET revoked_at = COALESCE(revoked_at, ${now}) WHERE id = ${id} RETURNING id`) : Effect.succeed([]),
+        isId(id)
+          ? transaction(
+              Effect.zipLeft(sql<Row>`UPDATE devices SET revoked_at = COALESCE(revoked_at, ${now}) WHERE id = ${id} RETURNING id`, dialect.revocationLock)
+            )
+          : Effect.succeed([]),
         (rows) => (rows.length === 0 ? Effect.fail(new Errors.NotFound({ entity: "device", key: String(id) })) : Effect.void)
       ),
 
@@ -505,12 +536,17 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
 
   // Claims of one slot or several, in one transaction; it names the exact reason of a refusal.
   function claimSlots(req: Store.ClaimManyRequest): Effect.Effect<ReadonlyArray<Assignment.Assignment>, Errors.ClaimRejected | Errors.StoreError> {
+    // A slot taken by a concurrent claim after the reads below: the run again reads it as taken.
+    return Effect.retry(claimSlotsOnce(req), { while: (e) => e instanceof Errors.StoreError && e.reason === "constraint", times: 2 })
+  }
+  function claimSlotsOnce(req: Store.ClaimManyRequest): Effect.Effect<ReadonlyArray<Assignment.Assignment>, Errors.ClaimRejected | Errors.StoreError> {
     return transaction(
       Effect.gen(function* () {
         const unknown = new Errors.ClaimRejected({ reason: "unknown_device", message: `device ${req.deviceId} is not registered or was revoked` })
         if (!isId(req.deviceId)) return yield* unknown
-        // The device row lock serialises this device's transactional claims and waits for its fast
-        // claims in flight (they hold a share lock on the row), so the reads below are exact.
+        // The device row lock serialises this device's transactional claims and a revocation; a fast
+        // claim in flight for the same slot makes the insert below wait and then violate the slot index,
+        // and the retry reads the slot as taken.
         const [d] = yield* sql<Row>`SELECT id, slots, revoked_at FROM devices WHERE id = ${req.deviceId}${forUpdate}`
         if (!d || d.revoked_at !== null) return yield* unknown
         const slots = Number(d.slots)
@@ -573,8 +609,8 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
 
   // Postgres, without a fleet-wide cap: claims of any devices' slots in one statement of fixed
   // text, the i-th request taking the i-th lowest pending target. A request's device is read
-  // with a share lock (claims do not wait for each other; a revocation waits for them, and a
-  // claim that waited for a revocation sees it); its slot must be in range and free in the
+  // without a lock (claims write nothing to it; a revocation waits for the claims in flight under
+  // its own lock, Dialect.revocationLock, and a claim that waited for it sees it); its slot must be in range and free in the
   // statement's snapshot, and the schema refuses the rest: a slot taken since by a concurrent
   // claim violates the one-active-reservation-per-slot index, and that index with the slot
   // range keeps a device within its capacity. Deadlines are the request's time plus the
@@ -613,7 +649,6 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
               SELECT req.*, d.slots FROM req JOIN devices d ON d.id = req.device_id
               WHERE d.revoked_at IS NULL AND req.slot >= 0 AND req.slot < d.slots
                 AND NOT EXISTS (SELECT 1 FROM assignments a WHERE a.device_id = d.id AND a.state = 'active' AND a.slot = req.slot)
-              FOR SHARE OF d
             ), g AS (
               SELECT ok.*, row_number() OVER (ORDER BY ok.ord) AS k FROM ok
               WHERE NOT ${whole}::bool OR (SELECT count(*) FROM ok) = (SELECT count(*) FROM req)

@@ -125,9 +125,9 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
     if (st.openFindings.get(x.targetId) !== undefined) throw new Refusal(declined)
     if (targetStatus === "completed") st.completeTarget.run(input.now, x.targetId, x.fence)
     else st.failTarget.run(targetStatus, x.targetId, x.fence)
-    const timeline = (st.timeline.all(x.reservationId) as Array<Row>).map(Codec.event)
-    for (const dur of WorkerWrite.durationsOfEnded(x, timeline, input.outcome, input.now)) st.duration.run(dur.source, dur.metric, dur.outcome, dur.ms, dur.at)
     st.end.run(state, input.outcome, input.finalPhase, input.now, input.body, x.reservationId)
+    // Its durations are folded later from the ended row and its timeline (migration 0011).
+    st.pending.run(x.reservationId)
     return Either.right(receipt)
   }
 
@@ -216,10 +216,9 @@ const statements = (db: Sqlite.Database) => {
       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active')`),
     assignment: db.prepare("SELECT * FROM assignments WHERE reservation_id = ?"),
     target: db.prepare(`SELECT ${Codec.targetColumns} FROM targets WHERE id = ?`),
-    timeline: db.prepare("SELECT seq, kind, phase, at, detail, accepted_at FROM progress_events WHERE reservation_id = ? ORDER BY seq"),
     completeTarget: db.prepare("UPDATE targets SET status = 'completed', completed_at = ? WHERE id = ? AND status = 'in_progress' AND fence = ?"),
     failTarget: db.prepare("UPDATE targets SET status = ? WHERE id = ? AND status = 'in_progress' AND fence = ?"),
-    duration: db.prepare("INSERT INTO durations (source, metric, outcome, ms, at) VALUES (?, ?, ?, ?, ?)"),
+    pending: db.prepare("INSERT INTO duration_pending (reservation_id) VALUES (?)"),
     openFindings: db.prepare("SELECT 1 FROM findings WHERE target_id = ? AND status <> 'resolved' LIMIT 1"),
     end: db.prepare("UPDATE assignments SET state = ?, outcome = ?, final_phase = ?, ended_at = ?, result_body = ? WHERE reservation_id = ?"),
     events: db.prepare("SELECT seq, kind, phase, at, detail, accepted_at FROM progress_events WHERE reservation_id = ? AND seq BETWEEN ? AND ? ORDER BY seq"),
