@@ -79,7 +79,7 @@ describe("three server processes on one PostgreSQL, discovery running in all", {
   const serverOf = (h: string) => servers.find((s) => h.split(":").at(-2) === String(s.child.pid))
 
   // The cycles each process ran, from the `discovery_cycle` line it logs per cycle.
-  const cyclesLogged = (p: ServerProcess) => p.output().split("\n").filter((l) => l.includes('"event":"discovery_cycle"')).length
+  const cyclesLogged = (p: ServerProcess) => p.output().split("\n").filter((l) => l.includes('"message":"discovery_cycle"')).length
 
   const expectSerialisedWithinBudget = (cs: Awaited<ReturnType<typeof cycles>>) => {
     for (const c of cs) expect(c.updated, `cycle ${c.id}`).toBeLessThanOrEqual(BUDGET)
