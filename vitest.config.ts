@@ -8,7 +8,8 @@ const root = fileURLToPath(new URL(".", import.meta.url))
 const src = (name: string) => fileURLToPath(new URL(`./packages/${name}/src/index.ts`, import.meta.url))
 
 /**
- * The files that take longest, slowest first (measured on a 2-core machine).
+ * The files that take longest, slowest first (measured on a 2-core machine),
+ * in whichever project they are.
  * Most of their time is waiting (deadlines, grace periods, servers and
  * scanners in child processes), so they are started first and the shorter
  * files fill the gaps; left to vitest's own order on a fresh clone (largest
@@ -23,7 +24,11 @@ const longFirst = [
   "test/reliability/server-crash.test.ts",
   "packages/worker/test/ExecutionUnit.test.ts",
   "packages/server-example/test/Cli.test.ts",
-  "test/demo/variants.test.ts"
+  "test/demo/variants.test.ts",
+  "test/docs-blocks.test.ts",
+  "test/reliability/worker-crash.test.ts",
+  "test/reliability/load.test.ts",
+  "test/reliability/network.test.ts"
 ]
 
 /** vitest's order (failed first, then by the last run's duration), except that the files of `longFirst` start first. */
@@ -51,28 +56,57 @@ class LongFirst extends BaseSequencer {
  */
 const forks = Math.max(4, 2 * availableParallelism())
 
+/**
+ * Files whose tests assert how soon something happens after a deadline
+ * (every process dead within grace + 1 s, a lease handed over within one
+ * period plus a poll, health answers within 1 s under load). They run as a
+ * group of their own, first, so that the CPU-heavy files (the packaging
+ * type-checks and installs, the 200 MB floods, the doc blocks, the load test)
+ * never share the two cores with them; they still run in parallel with each
+ * other, as they mostly wait.
+ */
+const timing = [
+  "packages/worker/test/Containment.cgroup-v1-freezer.test.ts",
+  "packages/worker/test/Containment.cgroup-v2.test.ts",
+  "packages/worker/test/Containment.freeze-kill.test.ts",
+  "packages/worker/test/Containment.pid-namespace.test.ts",
+  "packages/worker/test/Cancel.test.ts",
+  "packages/worker/test/Device.test.ts",
+  "packages/worker/test/ExecutionUnit.test.ts",
+  "packages/server-example/test/SqliteUnderLoad.test.ts",
+  "packages/server-example/test/ThreeServers.postgres.test.ts"
+]
+
+const alias = {
+  "@scanfleet/core": src("core"),
+  // listed before the package itself: the first alias whose prefix matches wins
+  "@scanfleet/adapters/Conformance": fileURLToPath(new URL("./packages/adapters/src/Conformance.ts", import.meta.url)),
+  "@scanfleet/adapters/testing/FakeSources": fileURLToPath(new URL("./packages/adapters/src/testing/FakeSources.ts", import.meta.url)),
+  "@scanfleet/adapters/testing": fileURLToPath(new URL("./packages/adapters/src/testing.ts", import.meta.url)),
+  "@scanfleet/adapters": src("adapters"),
+  "@scanfleet/worker": src("worker"),
+  "@scanfleet/server-example": src("server-example")
+}
+
+/** What both projects share. Not `extends: true`: that would run the global setup (and start PostgreSQL) once more per project. */
+const shared = { pool: "forks", testTimeout: 60_000, hookTimeout: 120_000 } as const
+
 export default defineConfig({
-  resolve: {
-    alias: {
-      "@scanfleet/core": src("core"),
-      // listed before the package itself: the first alias whose prefix matches wins
-      "@scanfleet/adapters/Conformance": fileURLToPath(new URL("./packages/adapters/src/Conformance.ts", import.meta.url)),
-      "@scanfleet/adapters/testing/FakeSources": fileURLToPath(new URL("./packages/adapters/src/testing/FakeSources.ts", import.meta.url)),
-      "@scanfleet/adapters/testing": fileURLToPath(new URL("./packages/adapters/src/testing.ts", import.meta.url)),
-      "@scanfleet/adapters": src("adapters"),
-      "@scanfleet/worker": src("worker"),
-      "@scanfleet/server-example": src("server-example")
-    }
-  },
+  resolve: { alias },
   test: {
-    include: ["packages/*/test/**/*.test.ts", "test/**/*.test.ts"],
+    // Runs once for the whole run; both projects get its pgUrl.
     globalSetup: ["./test/globalSetup.ts"],
-    pool: "forks",
+    ...shared,
     maxWorkers: forks,
     minWorkers: 1,
     sequence: { sequencer: LongFirst },
-    testTimeout: 60_000,
-    hookTimeout: 120_000,
-    reporters: ["default"]
+    reporters: ["default"],
+    projects: [
+      { resolve: { alias }, test: { ...shared, name: "timing", include: timing, sequence: { groupOrder: 0 } } },
+      {
+        resolve: { alias },
+        test: { ...shared, name: "rest", include: ["packages/*/test/**/*.test.ts", "test/**/*.test.ts"], exclude: ["**/node_modules/**", ...timing], sequence: { groupOrder: 1 } }
+      }
+    ]
   }
 })
