@@ -59,22 +59,27 @@ const forks = Math.max(4, 2 * availableParallelism())
 /**
  * Files whose tests assert how soon something happens after a deadline
  * (every process dead within grace + 1 s, a lease handed over within one
- * period plus a poll, health answers within 1 s under load). They run as a
- * group of their own, first, so that the CPU-heavy files (the packaging
+ * period plus a poll, health answers within 1 s under load). They run first,
+ * in projects of their own, so that the CPU-heavy files (the packaging
  * type-checks and installs, the 200 MB floods, the doc blocks, the load test)
- * never share the two cores with them; they still run in parallel with each
- * other, as they mostly wait.
+ * never share the two cores with them. The per-level Containment files run
+ * the same scanners in the same order, so run together they would fork-storm
+ * at the same moment during the grace they measure: two levels per group.
  */
 const timing = [
-  "packages/worker/test/Containment.cgroup-v1-freezer.test.ts",
-  "packages/worker/test/Containment.cgroup-v2.test.ts",
-  "packages/worker/test/Containment.freeze-kill.test.ts",
-  "packages/worker/test/Containment.pid-namespace.test.ts",
-  "packages/worker/test/Cancel.test.ts",
-  "packages/worker/test/Device.test.ts",
-  "packages/worker/test/ExecutionUnit.test.ts",
-  "packages/server-example/test/SqliteUnderLoad.test.ts",
-  "packages/server-example/test/ThreeServers.postgres.test.ts"
+  [
+    "packages/worker/test/Containment.pid-namespace.test.ts",
+    "packages/worker/test/Containment.cgroup-v2.test.ts",
+    "packages/worker/test/Cancel.test.ts",
+    "packages/worker/test/Device.test.ts",
+    "packages/worker/test/ExecutionUnit.test.ts"
+  ],
+  [
+    "packages/worker/test/Containment.cgroup-v1-freezer.test.ts",
+    "packages/worker/test/Containment.freeze-kill.test.ts",
+    "packages/server-example/test/SqliteUnderLoad.test.ts",
+    "packages/server-example/test/ThreeServers.postgres.test.ts"
+  ]
 ]
 
 const alias = {
@@ -102,10 +107,16 @@ export default defineConfig({
     sequence: { sequencer: LongFirst },
     reporters: ["default"],
     projects: [
-      { resolve: { alias }, test: { ...shared, name: "timing", include: timing, sequence: { groupOrder: 0 } } },
+      ...timing.map((include, i) => ({ resolve: { alias }, test: { ...shared, name: `timing-${i + 1}`, include, sequence: { groupOrder: i } } })),
       {
         resolve: { alias },
-        test: { ...shared, name: "rest", include: ["packages/*/test/**/*.test.ts", "test/**/*.test.ts"], exclude: ["**/node_modules/**", ...timing], sequence: { groupOrder: 1 } }
+        test: {
+          ...shared,
+          name: "rest",
+          include: ["packages/*/test/**/*.test.ts", "test/**/*.test.ts"],
+          exclude: ["**/node_modules/**", ...timing.flat()],
+          sequence: { groupOrder: timing.length }
+        }
       }
     ]
   }
