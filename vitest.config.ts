@@ -1,27 +1,123 @@
+import { availableParallelism } from "node:os"
+import { relative } from "node:path"
 import { fileURLToPath } from "node:url"
 import { defineConfig } from "vitest/config"
+import { BaseSequencer, type TestSpecification } from "vitest/node"
 
+const root = fileURLToPath(new URL(".", import.meta.url))
 const src = (name: string) => fileURLToPath(new URL(`./packages/${name}/src/index.ts`, import.meta.url))
 
-export default defineConfig({
-  resolve: {
-    alias: {
-      "@scanfleet/core": src("core"),
-      // listed before the package itself: the first alias whose prefix matches wins
-      "@scanfleet/adapters/Conformance": fileURLToPath(new URL("./packages/adapters/src/Conformance.ts", import.meta.url)),
-      "@scanfleet/adapters/testing/FakeSources": fileURLToPath(new URL("./packages/adapters/src/testing/FakeSources.ts", import.meta.url)),
-      "@scanfleet/adapters/testing": fileURLToPath(new URL("./packages/adapters/src/testing.ts", import.meta.url)),
-      "@scanfleet/adapters": src("adapters"),
-      "@scanfleet/worker": src("worker"),
-      "@scanfleet/server-example": src("server-example")
+/**
+ * The files that take longest, slowest first (measured on a 2-core machine),
+ * in whichever project they are.
+ * Most of their time is waiting (deadlines, grace periods, servers and
+ * scanners in child processes), so they are started first and the shorter
+ * files fill the gaps; left to vitest's own order on a fresh clone (largest
+ * file first) the small per-level Containment files would start last and
+ * finish the run on their own. A prefix matches every file it starts.
+ */
+const longFirst = [
+  "test/packaging.test.ts",
+  "packages/worker/test/Containment.",
+  "test/demo/demo.test.ts",
+  "packages/server-example/test/OperatingDocs.test.ts",
+  "test/reliability/server-crash.test.ts",
+  "packages/worker/test/ExecutionUnit.test.ts",
+  "packages/server-example/test/Cli.test.ts",
+  "test/demo/variants.test.ts",
+  "test/docs-blocks.test.ts",
+  "test/reliability/worker-crash.test.ts",
+  "test/reliability/load.test.ts",
+  "test/reliability/network.test.ts"
+]
+
+/** vitest's order (failed first, then by the last run's duration), except that the files of `longFirst` start first. */
+class LongFirst extends BaseSequencer {
+  override async sort(files: Array<TestSpecification>): Promise<Array<TestSpecification>> {
+    const rank = (f: TestSpecification) => {
+      const rel = relative(root, f.moduleId)
+      const i = longFirst.findIndex((p) => rel.startsWith(p))
+      return i < 0 ? longFirst.length : i
     }
-  },
+    const sorted = await super.sort(files)
+    return sorted
+      .map((f, i) => ({ f, i, r: rank(f) }))
+      .sort((a, b) => a.r - b.r || a.i - b.i)
+      .map(({ f }) => f)
+  }
+}
+
+/**
+ * Test processes at once. vitest's default is one fewer than the cores (a
+ * single process on a 2-core machine), which suits CPU-bound files; most of
+ * these wait on timers and child processes, so twice the cores (at least 4)
+ * keep the cores busy without making the waits longer.
+ * `vitest run --maxWorkers=N` still overrides it.
+ */
+const forks = Math.max(4, 2 * availableParallelism())
+
+/**
+ * Files whose tests assert how soon something happens after a deadline
+ * (every process dead within grace + 1 s, a lease handed over within one
+ * period plus a poll, health answers within 1 s under load). They run first,
+ * in projects of their own, so that the CPU-heavy files (the packaging
+ * type-checks and installs, the 200 MB floods, the doc blocks, the load test)
+ * never share the two cores with them. The per-level Containment files run
+ * the same scanners in the same order, so run together they would fork-storm
+ * at the same moment during the grace they measure: two levels per group.
+ */
+const timing = [
+  [
+    "packages/worker/test/Containment.pid-namespace.test.ts",
+    "packages/worker/test/Containment.cgroup-v2.test.ts",
+    "packages/worker/test/Cancel.test.ts",
+    "packages/worker/test/Device.test.ts",
+    "packages/worker/test/ExecutionUnit.test.ts"
+  ],
+  [
+    "packages/worker/test/Containment.cgroup-v1-freezer.test.ts",
+    "packages/worker/test/Containment.freeze-kill.test.ts",
+    "packages/server-example/test/SqliteUnderLoad.test.ts",
+    "packages/server-example/test/ThreeServers.postgres.test.ts"
+  ]
+]
+
+const alias = {
+  "@scanfleet/core": src("core"),
+  // listed before the package itself: the first alias whose prefix matches wins
+  "@scanfleet/adapters/Conformance": fileURLToPath(new URL("./packages/adapters/src/Conformance.ts", import.meta.url)),
+  "@scanfleet/adapters/testing/FakeSources": fileURLToPath(new URL("./packages/adapters/src/testing/FakeSources.ts", import.meta.url)),
+  "@scanfleet/adapters/testing": fileURLToPath(new URL("./packages/adapters/src/testing.ts", import.meta.url)),
+  "@scanfleet/adapters": src("adapters"),
+  "@scanfleet/worker": src("worker"),
+  "@scanfleet/server-example": src("server-example")
+}
+
+/** What both projects share. Not `extends: true`: that would run the global setup (and start PostgreSQL) once more per project. */
+const shared = { pool: "forks", testTimeout: 60_000, hookTimeout: 120_000 } as const
+
+export default defineConfig({
+  resolve: { alias },
   test: {
-    include: ["packages/*/test/**/*.test.ts", "test/**/*.test.ts"],
+    // Runs once for the whole run; both projects get its pgUrl.
     globalSetup: ["./test/globalSetup.ts"],
-    pool: "forks",
-    testTimeout: 60_000,
-    hookTimeout: 120_000,
-    reporters: ["default"]
+    ...shared,
+    maxWorkers: forks,
+    minWorkers: 1,
+    sequence: { sequencer: LongFirst },
+    reporters: ["default"],
+    projects: [
+      ...timing.map((include, i) => ({ resolve: { alias }, test: { ...shared, name: `timing-${i + 1}`, include, sequence: { groupOrder: i } } })),
+      {
+        resolve: { alias },
+        test: {
+          ...shared,
+          name: "rest",
+          include: ["packages/*/test/**/*.test.ts", "test/**/*.test.ts"],
+          exclude: ["**/node_modules/**", ...timing.flat()],
+          sequence: { groupOrder: timing.length }
+        }
+      }
+    ]
   }
 })

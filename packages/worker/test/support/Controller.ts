@@ -1,4 +1,6 @@
 import { execa, type ResultPromise } from "execa"
+import { chmodSync, readdirSync, renameSync, rmSync } from "node:fs"
+import { join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { build } from "tsup"
 
@@ -19,12 +21,16 @@ export const bundle = (): Promise<string> =>
 /**
  * Bundles one TypeScript entry to `<outDir>/<name>.js`. `outDir` must sit one
  * level under packages/worker, where the bundle finds `runtime/` as the built
- * package does.
+ * package does. Test files run in parallel processes that each bundle the
+ * same entries while others run them: the bundle is written to a folder of
+ * this process's own and renamed into place, so no process ever reads a
+ * half-written file.
  */
-export const bundleEntry = (entry: string, name: string, dir: string): Promise<void> =>
-  build({
+export const bundleEntry = async (entry: string, name: string, dir: string): Promise<void> => {
+  const scratch = join(dir, `.tmp-${process.pid}-${name}`)
+  await build({
     entry: { [name]: entry },
-    outDir: dir,
+    outDir: scratch,
     format: ["esm"],
     platform: "node",
     target: "node20",
@@ -40,6 +46,13 @@ export const bundleEntry = (entry: string, name: string, dir: string): Promise<v
       o.conditions = ["@scanfleet/source"]
     }
   })
+  // Executable before it is in place: some bundles run as commands of their own.
+  for (const file of readdirSync(scratch)) {
+    chmodSync(join(scratch, file), 0o755)
+    renameSync(join(scratch, file), join(dir, file))
+  }
+  rmSync(scratch, { recursive: true, force: true })
+}
 
 /** The bundle's path (call `bundle()` first, for example in `beforeAll`). */
 export const cliPath = `${outDir}cli.js`

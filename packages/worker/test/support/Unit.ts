@@ -1,4 +1,4 @@
-import { chmodSync, mkdirSync } from "node:fs"
+import { mkdirSync } from "node:fs"
 import { fileURLToPath } from "node:url"
 import { bundleEntry } from "./Controller.js"
 
@@ -18,9 +18,8 @@ export const build = (): Promise<void> =>
     mkdirSync(outDir, { recursive: true })
     await bundleEntry(src("../../src/unit/main.ts"), "unit", outDir)
     await bundleEntry(src("../../src/unit/demo-scanner.ts"), "demo-scanner", outDir)
+    // bundleEntry leaves every bundle executable: fake-trufflehog runs as a command of its own, as the real binary is.
     for (const name of adversaries) await bundleEntry(src(`../fixtures/adversarial/${name}.ts`), name, `${outDir}adversarial/`)
-    // Run as a command of its own, as the real binary is.
-    chmodSync(adversary("fake-trufflehog"), 0o755)
   })())
 
 /** The bundled unit script. */
