@@ -130,11 +130,18 @@ describe("PostgreSQL SQLSTATEs map to reasons, each provoked on a real server", 
     }],
     ["57P01", "unavailable", async () => {
       const c = new pg.Client({ connectionString: inject("pgUrl") })
-      await c.connect()
+      // The terminated connection also reports on the client itself; listen before anything can happen.
       c.on("error", () => undefined)
+      await c.connect()
       const pid = (await c.query("SELECT pg_backend_pid() AS pid")).rows[0].pid
       const sleeping = c.query("SELECT pg_sleep(5)")
-      await new Promise((r) => setTimeout(r, 100))
+      sleeping.catch(() => undefined)
+      // Terminate it while the statement runs (not before it arrived), however loaded the machine is.
+      for (let i = 0; i < 200; i++) {
+        const r = await a.query("SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND state = 'active' AND query LIKE 'SELECT pg_sleep%'", [pid])
+        if (r.rowCount) break
+        await new Promise((r) => setTimeout(r, 10))
+      }
       await a.query("SELECT pg_terminate_backend($1)", [pid])
       try {
         await sleeping
