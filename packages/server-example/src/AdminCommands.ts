@@ -4,22 +4,6 @@ import { CommandLine } from "@scanfleet/worker"
 import { Effect, Option } from "effect"
 import { readFileSync } from "node:fs"
 
-/** The usage text of the operator commands (they call a running server's admin API). */
-export const usage = `Operator commands (call a running server: --server URL or SCANFLEET_SERVER_URL, default http://127.0.0.1:8080,
-with SCANFLEET_ADMIN_TOKEN; --actor NAME is recorded in the audit log, default $USER):
-  targets add --source S --identity ID [--remote-at ISO] --reason WHY
-  targets add --file FILE.jsonl --reason WHY     one {"source","identity","remoteAt"?} object a line
-  targets search [--source S] [--status ST] [--prefix P] [--changed-since ISO|MS] [--after ID] [--limit N]
-  targets inspect --source S --identity ID [--limit N]
-  targets requeue --source S --identity ID --reason WHY
-  targets requeue --source S --status failed|unresolved --reason WHY      every such target of the source
-  targets priority --source S --identity ID --priority N --reason WHY     N in -100..100 (0: default; --priority=-5 for a negative one)
-  assignments cancel ID --reason WHY
-  sources list | sources pause S --reason WHY | sources resume S --reason WHY
-  devices list | devices only ID --sources S,S|all|none --reason WHY | devices revoke ID --reason WHY
-  audit [--limit N] [--before ID]
-Answers are printed as JSON; a refusal prints its status and message and exits 1.`
-
 /** An operator command line that cannot be run as given. */
 export class UsageError extends Error {}
 

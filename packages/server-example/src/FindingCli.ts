@@ -4,12 +4,6 @@ import * as Database from "./Database.js"
 import type * as ServerConfig from "./ServerConfig.js"
 import type { z } from "zod"
 
-/** The usage lines of `scanfleet-server findings …`. */
-export const usage = `  findings list [filters] [--after ID] [--limit N]   findings as JSON lines, in id order; the next page's cursor on stderr
-  findings target SOURCE IDENTITY                  one target's findings, their history and its scans (JSON)
-  findings export [--format jsonl|sarif] [filters] every matching finding as JSON lines or a SARIF 2.1.0 log
-                  filters: --source S --identity I --detector D --status new|open|resolved --verified true|false --since ISO`
-
 /** A findings command line that cannot be run as given. */
 export class FindingsUsageError extends Error {}
 
