@@ -137,9 +137,13 @@ const rawRun = async (s: Shape): Promise<Sample> => {
       UPDATE targets SET status = 'in_progress', covered_remote_at = observed_remote_at, fence = fence + 1, last_scan_started_at = ?, attempts = attempts + 1
       WHERE status = 'pending' AND id = (SELECT id FROM targets WHERE status = 'pending' ORDER BY id LIMIT 1)
       RETURNING id, source, identity, fence, covered_remote_at`)
+    // The reservation references a policy row, as the store's do since migration 0012.
+    const policyId = Number(
+      db.prepare("INSERT INTO policies (source, policy, scan_ms, upload_ms, expiry_ms) VALUES ('gitlab', '{}', 1800000, 2100000, 3600000)").run().lastInsertRowid
+    )
     const reserve = db.prepare(`
-      INSERT INTO assignments (target_id, source, identity, device_id, device_slots, slot, fence, policy, covered_remote_at, issued_at, scan_deadline, upload_deadline, expires_at, state)
-      VALUES (?, ?, ?, ?, 1, 0, ?, '{}', ?, ?, ?, ?, ?, 'active') RETURNING reservation_id`)
+      INSERT INTO assignments (target_id, source, identity, device_id, device_slots, slot, fence, policy_id, covered_remote_at, issued_at, scan_deadline, upload_deadline, expires_at, state)
+      VALUES (?, ?, ?, ?, 1, 0, ?, ${policyId}, ?, ?, ?, ?, ?, 'active') RETURNING reservation_id`)
     const claim = db.transaction((t: number) => {
       const row = pick.get(t) as { id: number; source: string; identity: string; fence: number; covered_remote_at: number | null } | undefined
       if (!row) return null

@@ -8,7 +8,6 @@ CREATE TABLE assignments (
   device_id bigint NOT NULL,
   slot integer NOT NULL,
   fence integer NOT NULL,
-  policy jsonb NOT NULL,
   covered_remote_at bigint,
   issued_at bigint NOT NULL,
   scan_deadline bigint NOT NULL,
@@ -25,7 +24,8 @@ CREATE TABLE assignments (
   expiry_last_phase text,
   expiry_last_progress_at bigint,
   device_slots integer NOT NULL,
-  result_body text
+  result_body text,
+  policy_id integer NOT NULL
 );
 
 CREATE TABLE audit_log (
@@ -253,6 +253,15 @@ CREATE TABLE leases (
   expires_at bigint NOT NULL
 );
 
+CREATE TABLE policies (
+  id integer GENERATED ALWAYS AS IDENTITY NOT NULL,
+  source text NOT NULL,
+  policy jsonb NOT NULL,
+  scan_ms double precision NOT NULL,
+  upload_ms double precision NOT NULL,
+  expiry_ms double precision NOT NULL
+);
+
 CREATE TABLE progress_events (
   reservation_id bigint NOT NULL,
   seq integer NOT NULL,
@@ -328,6 +337,8 @@ ALTER TABLE findings ADD CONSTRAINT findings_target_id_fkey FOREIGN KEY (target_
 ALTER TABLE fleet ADD CONSTRAINT fleet_one_check CHECK (one);
 ALTER TABLE fleet ADD CONSTRAINT fleet_pkey PRIMARY KEY (one);
 ALTER TABLE leases ADD CONSTRAINT leases_pkey PRIMARY KEY (name);
+ALTER TABLE policies ADD CONSTRAINT policies_content_key UNIQUE (source, policy, scan_ms, upload_ms, expiry_ms);
+ALTER TABLE policies ADD CONSTRAINT policies_pkey PRIMARY KEY (id);
 ALTER TABLE progress_events ADD CONSTRAINT progress_events_pkey PRIMARY KEY (reservation_id, seq);
 ALTER TABLE progress_events ADD CONSTRAINT progress_events_reservation_id_fkey FOREIGN KEY (reservation_id) REFERENCES assignments(reservation_id);
 ALTER TABLE scanfleet_migrations ADD CONSTRAINT scanfleet_migrations_pkey PRIMARY KEY (migration_id);
@@ -370,6 +381,8 @@ CREATE INDEX findings_source_idx ON findings USING btree (source, status, id);
 CREATE UNIQUE INDEX findings_target_id_detector_path_fingerprint_key ON findings USING btree (target_id, detector, path, fingerprint);
 CREATE UNIQUE INDEX fleet_pkey ON fleet USING btree (one);
 CREATE UNIQUE INDEX leases_pkey ON leases USING btree (name);
+CREATE UNIQUE INDEX policies_content_key ON policies USING btree (source, policy, scan_ms, upload_ms, expiry_ms);
+CREATE UNIQUE INDEX policies_pkey ON policies USING btree (id);
 CREATE UNIQUE INDEX progress_events_pkey ON progress_events USING btree (reservation_id, seq);
 CREATE UNIQUE INDEX scanfleet_migrations_pkey ON scanfleet_migrations USING btree (migration_id);
 CREATE UNIQUE INDEX source_pauses_pkey ON source_pauses USING btree (source);

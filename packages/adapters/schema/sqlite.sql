@@ -8,7 +8,6 @@ CREATE TABLE assignments (
       device_id BIGINT NOT NULL REFERENCES devices (id),
       slot INTEGER NOT NULL,
       fence INTEGER NOT NULL,
-      policy TEXT NOT NULL,
       covered_remote_at BIGINT,
       issued_at BIGINT NOT NULL,
       scan_deadline BIGINT NOT NULL,
@@ -24,7 +23,7 @@ CREATE TABLE assignments (
       expired_at BIGINT,
       expiry_last_phase TEXT,
       expiry_last_progress_at BIGINT
-    , device_slots INTEGER, result_body TEXT);
+    , device_slots INTEGER, result_body TEXT, policy_id INTEGER REFERENCES policies (id));
 
 CREATE TABLE audit_log (
       id INTEGER PRIMARY KEY,
@@ -176,6 +175,16 @@ CREATE TABLE leases (
       expires_at BIGINT NOT NULL
     );
 
+CREATE TABLE policies (
+      id INTEGER PRIMARY KEY,
+      source TEXT NOT NULL,
+      policy TEXT NOT NULL,
+      scan_ms REAL NOT NULL,
+      upload_ms REAL NOT NULL,
+      expiry_ms REAL NOT NULL,
+      CONSTRAINT policies_content_key UNIQUE (source, policy, scan_ms, upload_ms, expiry_ms)
+    );
+
 CREATE TABLE progress_events (
       reservation_id BIGINT NOT NULL REFERENCES assignments (reservation_id),
       seq INTEGER NOT NULL,
@@ -241,6 +250,18 @@ CREATE TRIGGER assignments_device_active BEFORE INSERT ON assignments
     END;
 
 CREATE INDEX assignments_device_idx ON assignments (device_id, reservation_id);
+
+CREATE TRIGGER assignments_policy_kept BEFORE UPDATE OF policy_id ON assignments
+      WHEN NEW.policy_id IS NULL
+      BEGIN
+        SELECT RAISE(ABORT, 'a reservation needs its policy');
+      END;
+
+CREATE TRIGGER assignments_policy_required BEFORE INSERT ON assignments
+      WHEN NEW.policy_id IS NULL
+      BEGIN
+        SELECT RAISE(ABORT, 'a reservation needs its policy');
+      END;
 
 CREATE INDEX assignments_target_idx ON assignments (target_id, reservation_id);
 

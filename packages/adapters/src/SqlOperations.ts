@@ -121,7 +121,7 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
         WHERE ${where} ORDER BY d.id`
       if (ds.length === 0) return []
       const active = (yield* sql<Row>`
-        SELECT * FROM assignments WHERE state = 'active' AND device_id IN ${sql.in(ds.map((d) => Number(d.id)))} ORDER BY slot`).map(Codec.assignment)
+        SELECT ${sql.literal(Codec.assignmentColumns)} FROM assignments WHERE state = 'active' AND device_id IN ${sql.in(ds.map((d) => Number(d.id)))} ORDER BY slot`).map(Codec.assignment)
       return ds.map(
         (d): Operations.DeviceDetail => ({
           ...Codec.device(d),
@@ -205,7 +205,7 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
         Effect.gen(function* () {
           const target = yield* findTarget(source, identity, false)
           const as = (yield* sql<Row>`
-            SELECT * FROM assignments WHERE target_id = ${target.id} ORDER BY reservation_id DESC LIMIT ${Math.max(0, Math.floor(limit))}`).map(Codec.assignment)
+            SELECT ${sql.literal(Codec.assignmentColumns)} FROM assignments WHERE target_id = ${target.id} ORDER BY reservation_id DESC LIMIT ${Math.max(0, Math.floor(limit))}`).map(Codec.assignment)
           if (as.length === 0) return { target, assignments: [] }
           const ids = as.map((a) => a.reservationId)
           const evs = yield* sql<Row>`SELECT * FROM progress_events WHERE reservation_id IN ${sql.in(ids)} ORDER BY reservation_id, seq`
@@ -257,7 +257,7 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
     cancel: (reservationId, actor) =>
       transaction(
         Effect.gen(function* () {
-          const rows = isId(reservationId) ? yield* sql<Row>`SELECT * FROM assignments WHERE reservation_id = ${reservationId}${forUpdate}` : []
+          const rows = isId(reservationId) ? yield* sql<Row>`SELECT ${sql.literal(Codec.assignmentColumns)} FROM assignments WHERE reservation_id = ${reservationId}${forUpdate}` : []
           if (rows.length === 0) return yield* new Errors.NotFound({ entity: "assignment", key: String(reservationId) })
           const a = Codec.assignment(rows[0])
           if (a.state !== "active") return yield* new Operations.OperationRefused({ reason: "not_active", message: `reservation ${reservationId} is ${a.state}` })
@@ -316,7 +316,7 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
           if (rows.length === 0) return yield* new Errors.NotFound({ entity: "device", key: String(deviceId) })
           yield* revocationLock
           const active = (yield* sql<Row>`
-            SELECT * FROM assignments WHERE device_id = ${deviceId} AND state = 'active' ORDER BY reservation_id${forUpdate}`).map(Codec.assignment)
+            SELECT ${sql.literal(Codec.assignmentColumns)} FROM assignments WHERE device_id = ${deviceId} AND state = 'active' ORDER BY reservation_id${forUpdate}`).map(Codec.assignment)
           const ended = yield* endAll(active, actor.now)
           yield* record("revoke_device", `device:${deviceId}`, { released: ended.map((a) => a.reservationId) }, actor)
           return ended

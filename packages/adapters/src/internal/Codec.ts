@@ -30,7 +30,18 @@ export const target = (r: Row): Target.Target => ({
   priority: num(r.priority)
 })
 
-/** Decodes an assignment row. */
+/**
+ * The policy document of the assignment row named `row` (a table name or alias), read from
+ * `policies` by its `policy_id` (since migration 0012 a policy is stored once, not copied into
+ * every reservation). A scalar subquery rather than a join: it also serves a RETURNING
+ * (SQLite's cannot name a joined table), and a locking read locks no policy row.
+ */
+export const policyOf = (row: string) => `(SELECT po.policy FROM policies po WHERE po.id = ${row}.policy_id) AS policy`
+
+/** Every column `assignment` decodes, for a SELECT or RETURNING on the unaliased `assignments` table. */
+export const assignmentColumns = `*, ${policyOf("assignments")}`
+
+/** Decodes an assignment row: its columns and its `policy` (see `policyOf`). */
 export const assignment = (r: Row): Assignment.Assignment => ({
   reservationId: num(r.reservation_id),
   targetId: num(r.target_id),

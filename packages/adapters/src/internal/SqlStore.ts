@@ -7,6 +7,7 @@ import * as Rollups from "./Rollups.js"
 import * as Prepared from "./Prepared.js"
 import * as Coalesce from "./Coalesce.js"
 import * as Dialect from "./Dialect.js"
+import * as Policies from "./Policies.js"
 import { mapped } from "./SqlErrors.js"
 import { claimBatch, claimNext, claimStatement } from "./queries/claimNext.js"
 import * as Progress from "./queries/appendProgress.js"
@@ -29,7 +30,12 @@ const byText = (a: string, b: string) => a.localeCompare(b)
  * one statement or one transaction, with at most one fallback (a transaction that names the
  * exact reason of what the statement did not take), and every SqlError leaves as a StoreError.
  */
-export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> = Effect.gen(function* () {
+export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> = Effect.flatMap(SqlClient.SqlClient, (sql) =>
+  makeWith(Policies.make(sql, Dialect.of(sql).name === "pg"))
+)
+
+/** The Store over the client in context, interning configurations' policies with `policies` (shared with the SQLite hot path). */
+export const makeWith = (policies: Policies.Interner): Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> => Effect.gen(function* () {
   const sql = yield* SqlClient.SqlClient
   const dialect = Dialect.of(sql)
   const isPg = dialect.name === "pg"
@@ -50,7 +56,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
   const loadAssignment = (reservationId: number, lock: boolean) =>
     isId(reservationId)
       ? Effect.map(
-          sql<Row>`SELECT * FROM assignments WHERE reservation_id = ${reservationId}${lock ? forUpdate : sql.literal("")}`,
+          sql<Row>`SELECT ${sql.literal(Codec.assignmentColumns)} FROM assignments WHERE reservation_id = ${reservationId}${lock ? forUpdate : sql.literal("")}`,
           (rows) => (rows.length === 0 ? undefined : Codec.assignment(rows[0]))
         )
       : Effect.succeed(undefined)
@@ -299,7 +305,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
           if (limit === 0) return []
           // SKIP LOCKED: two sweepers expire disjoint sets; a reservation being completed right now is left alone.
           const due = (yield* sql<Row>`
-            SELECT * FROM assignments WHERE state = 'active' AND expires_at <= ${req.now}
+            SELECT ${sql.literal(Codec.assignmentColumns)} FROM assignments WHERE state = 'active' AND expires_at <= ${req.now}
             ORDER BY expires_at, reservation_id LIMIT ${limit}${dialect.skipLocked}`).map(Codec.assignment)
           if (due.length === 0) return []
           const ids = due.map((a) => a.reservationId)
@@ -333,7 +339,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
       if (q.state !== undefined) filters.push(sql`state = ${q.state}`)
       if (q.deviceId !== undefined) filters.push(isId(q.deviceId) ? sql`device_id = ${q.deviceId}` : sql`1 = 0`)
       return mapped(
-        Effect.map(sql<Row>`SELECT * FROM assignments WHERE ${sql.and(filters)} ORDER BY reservation_id DESC LIMIT ${limit}`, (rows) => rows.map(Codec.assignment))
+        Effect.map(sql<Row>`SELECT ${sql.literal(Codec.assignmentColumns)} FROM assignments WHERE ${sql.and(filters)} ORDER BY reservation_id DESC LIMIT ${limit}`, (rows) => rows.map(Codec.assignment))
       )
     },
 
@@ -537,9 +543,12 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
   // Claims of one slot or several, in one transaction; it names the exact reason of a refusal.
   function claimSlots(req: Store.ClaimManyRequest): Effect.Effect<ReadonlyArray<Assignment.Assignment>, Errors.ClaimRejected | Errors.StoreError> {
     // A slot taken by a concurrent claim after the reads below: the run again reads it as taken.
-    return Effect.retry(claimSlotsOnce(req), { while: (e) => e instanceof Errors.StoreError && e.reason === "constraint", times: 2 })
+    // The policies are interned before, outside the transaction: a rollback keeps no id.
+    return Effect.flatMap(policies(req.config), (interned) =>
+      Effect.retry(claimSlotsOnce(req, interned), { while: (e) => e instanceof Errors.StoreError && e.reason === "constraint", times: 2 })
+    )
   }
-  function claimSlotsOnce(req: Store.ClaimManyRequest): Effect.Effect<ReadonlyArray<Assignment.Assignment>, Errors.ClaimRejected | Errors.StoreError> {
+  function claimSlotsOnce(req: Store.ClaimManyRequest, interned: Policies.Interned): Effect.Effect<ReadonlyArray<Assignment.Assignment>, Errors.ClaimRejected | Errors.StoreError> {
     return transaction(
       Effect.gen(function* () {
         const unknown = new Errors.ClaimRejected({ reason: "unknown_device", message: `device ${req.deviceId} is not registered or was revoked` })
@@ -556,12 +565,12 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         if (req.slots.length === 0) return []
         if (req.sourceCap === undefined && isPg && fastClaimable(req, req.slots)) {
           // checked under the device's row lock: the one-statement claim takes every slot in order
-          const taken = yield* claimStatementFor(req.slots.map((slot) => ({ deviceId: req.deviceId, slot, now: req.now })), req, true)
+          const taken = yield* claimStatementFor(req.slots.map((slot) => ({ deviceId: req.deviceId, slot, now: req.now })), req, interned, true)
           return req.slots.flatMap((_, i) => (taken.has(i) ? [taken.get(i)!] : []))
         }
         if (req.sourceCap === undefined) {
           const taken = [...(yield* claimBatch(sql, req, isPg, req.slots.length))].sort(Priority.compare)
-          return taken.length === 0 ? [] : yield* insertAssignments(req.deviceId, slots, req, taken, req.slots)
+          return taken.length === 0 ? [] : yield* insertAssignments(req.deviceId, slots, req, interned, taken, req.slots)
         }
         // A fleet-wide cap is a count over other devices' rows: serialise capped claims so two cannot both
         // see room, and take one target at a time, each stored before the next one is counted.
@@ -570,7 +579,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         for (const slot of req.slots) {
           const t = yield* claimNext(sql, req, isPg)
           if (t === null) break
-          issued.push(...(yield* insertAssignments(req.deviceId, slots, req, [t], [slot])))
+          issued.push(...(yield* insertAssignments(req.deviceId, slots, req, interned, [t], [slot])))
         }
         return issued
       })
@@ -582,18 +591,19 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
     deviceId: number,
     deviceSlots: number,
     req: { readonly now: number; readonly config: Store.ClaimManyRequest["config"] },
+    interned: Policies.Interned,
     taken: ReadonlyArray<Target.Target>,
     slots: ReadonlyArray<number>
   ) {
     const rows = taken.map((t, i) => ({ t, slot: slots[i], ...Deadline.issueFor(req.config, t.source, req.now) }))
     return Effect.map(
       sql<{ reservation_id: number; target_id: number }>`
-        INSERT INTO assignments (target_id, source, identity, device_id, device_slots, slot, fence, policy, covered_remote_at,
+        INSERT INTO assignments (target_id, source, identity, device_id, device_slots, slot, fence, policy_id, covered_remote_at,
           issued_at, scan_deadline, upload_deadline, expires_at, state)
         VALUES ${sql.join(", ", false)(
           rows.map(
-            ({ t, slot, policy, deadlines }) =>
-              sql`(${t.id}, ${t.source}, ${t.identity}, ${deviceId}, ${deviceSlots}, ${slot}, ${t.fence}, ${dialect.json(policy)}, ${t.coveredRemoteAt},
+            ({ t, slot, deadlines }) =>
+              sql`(${t.id}, ${t.source}, ${t.identity}, ${deviceId}, ${deviceSlots}, ${slot}, ${t.fence}, ${policyId(interned, t.source)}, ${t.coveredRemoteAt},
                 ${deadlines.issuedAt}, ${deadlines.scanDeadline}, ${deadlines.uploadDeadline}, ${deadlines.expiresAt}, 'active')`
           )
         )}
@@ -614,7 +624,8 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
   // statement's snapshot, and the schema refuses the rest: a slot taken since by a concurrent
   // claim violates the one-active-reservation-per-slot index, and that index with the slot
   // range keeps a device within its capacity. Deadlines are the request's time plus the
-  // policy's offsets, one row per source, as core's Deadline.issue adds them. With `whole`, every
+  // offsets of its source's policy row, read from `policies` by the configuration's interned ids
+  // (core's Deadline.issue offsets, stored with the policy). With `whole`, every
   // request must pass or none is taken (a device's batch). The answers by request index; a
   // request left out (a refusal, an empty queue) is for the transaction. Null: the schema
   // refused the statement (every request goes to the transaction).
@@ -623,7 +634,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
     shared: Pick<Store.ClaimRequest, "config" | "sources">,
     whole: boolean
   ): Effect.Effect<ReadonlyMap<number, Assignment.Assignment> | null, Errors.StoreError> {
-    return retryConflicts(mapped(claimStatementFor(reqs, shared, whole))).pipe(
+    return Effect.flatMap(policies(shared.config), (interned) => retryConflicts(mapped(claimStatementFor(reqs, shared, interned, whole)))).pipe(
       // The schema refused a slot taken meanwhile: the transaction names the reason.
       Effect.catchIf((e) => e.reason === "constraint", () => Effect.succeed(null))
     )
@@ -633,9 +644,9 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
   function claimStatementFor(
     reqs: ReadonlyArray<{ readonly deviceId: number; readonly slot: number; readonly now: number }>,
     shared: Pick<Store.ClaimRequest, "config" | "sources">,
+    interned: Policies.Interned,
     whole: boolean
   ) {
-    const pol = policyRows(shared.config)
     const sources = shared.sources ?? Source.sources
     return Effect.map(
           sql<Row>`${sql.literal(Prepared.marker)}
@@ -643,8 +654,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
               SELECT * FROM unnest(${reqs.map((r) => r.deviceId)}::bigint[], ${reqs.map((r) => r.slot)}::int[], ${reqs.map((r) => r.now)}::bigint[])
                 WITH ORDINALITY AS r(device_id, slot, now, ord)
             ), pol AS (
-              SELECT * FROM unnest(${pol.sources}::text[], ${pol.policies}::jsonb[], ${pol.scan}::bigint[], ${pol.upload}::bigint[], ${pol.ttl}::bigint[])
-                AS p(source, policy, scan_ms, upload_ms, ttl_ms)
+              SELECT id, source, scan_ms::bigint AS scan_ms, upload_ms::bigint AS upload_ms, expiry_ms::bigint AS expiry_ms FROM policies WHERE id = ANY (${interned.ids}::int[])
             ), ok AS (
               SELECT req.*, d.slots FROM req JOIN devices d ON d.id = req.device_id
               WHERE d.revoked_at IS NULL AND req.slot >= 0 AND req.slot < d.slots
@@ -663,10 +673,10 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
               WHERE targets.id = pick.id AND targets.status = 'pending'
               RETURNING ${sql.literal(Codec.targetColumns.split(", ").map((c) => `targets.${c}`).join(", "))}, g.device_id AS r_device, g.slot AS r_slot, g.slots AS r_slots, g.now AS r_now, g.ord AS r_ord
             ), ins AS (
-              INSERT INTO assignments (target_id, source, identity, device_id, device_slots, slot, fence, policy, covered_remote_at,
+              INSERT INTO assignments (target_id, source, identity, device_id, device_slots, slot, fence, policy_id, covered_remote_at,
                 issued_at, scan_deadline, upload_deadline, expires_at, state)
-              SELECT t.id, t.source, t.identity, t.r_device, t.r_slots, t.r_slot, t.fence, pol.policy, t.covered_remote_at,
-                t.r_now, t.r_now + pol.scan_ms, t.r_now + pol.upload_ms, t.r_now + pol.ttl_ms, 'active'
+              SELECT t.id, t.source, t.identity, t.r_device, t.r_slots, t.r_slot, t.fence, pol.id, t.covered_remote_at,
+                t.r_now, t.r_now + pol.scan_ms, t.r_now + pol.upload_ms, t.r_now + pol.expiry_ms, 'active'
               FROM t JOIN pol ON pol.source = t.source
               RETURNING reservation_id, target_id
             )
@@ -706,33 +716,18 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
 const sameSources = (a: ReadonlyArray<Source.Source> | undefined, b: ReadonlyArray<Source.Source> | undefined) =>
   a === b || (a !== undefined && b !== undefined && a.length === b.length && a.every((s, i) => s === b[i]))
 
-// A configuration's policies as statement parameters, one row per source (computed once per
-// configuration object): the policy and its deadline offsets, as core's Deadline.issue adds them.
-const policyCache = new WeakMap<object, { sources: Array<string>; policies: Array<string>; scan: Array<number>; upload: Array<number>; ttl: Array<number>; exact: boolean }>()
-const policyRows = (config: Store.ClaimRequest["config"]) => {
-  let rows = policyCache.get(config)
-  if (rows === undefined) {
-    rows = { sources: [], policies: [], scan: [], upload: [], ttl: [], exact: true }
-    for (const s of Source.sources) {
-      if (config.sources[s] === undefined) continue
-      const { policy, deadlines } = Deadline.issueFor(config, s, 0)
-      rows.sources.push(s)
-      rows.policies.push(JSON.stringify(policy))
-      rows.scan.push(deadlines.scanDeadline)
-      rows.upload.push(deadlines.uploadDeadline)
-      rows.ttl.push(deadlines.expiresAt)
-      rows.exact &&= [deadlines.scanDeadline, deadlines.uploadDeadline, deadlines.expiresAt].every(Number.isSafeInteger)
-    }
-    policyCache.set(config, rows)
-  }
-  return rows
+// The id of a source's interned policy: every configured source has one, and a claim takes only configured sources.
+const policyId = (interned: Policies.Interned, source: Source.Source): number => {
+  const id = interned.bySource.get(source)
+  if (id === undefined) throw new Error(`no policy is configured for ${source}`)
+  return id
 }
 
 // The one-statement claim applies when the ids are integers and every source the claim may take
 // has a policy with whole-millisecond offsets; anything else is left to the transaction.
 const fastClaimable = (req: Pick<Store.ClaimRequest, "deviceId" | "now" | "config" | "sources">, slots: ReadonlyArray<number>) => {
   if (![req.deviceId, req.now, ...slots].every(Number.isSafeInteger) || slots.length === 0) return false
-  const rows = policyRows(req.config)
-  return rows.exact && (req.sources ?? Source.sources).every((s) => rows.sources.includes(s))
+  const { rows, exact } = Policies.rowsOf(req.config)
+  return exact && (req.sources ?? Source.sources).every((s) => rows.some((r) => r.source === s))
 }
 

@@ -117,7 +117,7 @@ const pgWrite = (
     ), u AS (
       UPDATE assignments SET last_phase = ${last.phase}::text, last_seq = ${last.seq}::int, last_progress_at = ${now}
       FROM ok WHERE assignments.reservation_id = ok.reservation_id
-      RETURNING assignments.*
+      RETURNING assignments.*, ${sql.literal(Codec.policyOf("assignments"))}
     )
     SELECT u.*, true AS applied, NULL::json AS stored_events, ok.last_seq AS prior_seq, (
       SELECT COALESCE(json_agg(json_build_array(p.seq, p.accepted_at)), '[]'::json) FROM progress_events p
@@ -128,7 +128,7 @@ const pgWrite = (
         ? sql.literal("")
         : sql`
     UNION ALL
-    SELECT s.*, false, ${storedOf(sql, read)}, NULL::int, NULL::json FROM assignments s
+    SELECT s.*, ${sql.literal(Codec.policyOf("s"))}, false, ${storedOf(sql, read)}, NULL::int, NULL::json FROM assignments s
     WHERE s.reservation_id = ${auth.reservationId}::bigint AND NOT EXISTS (SELECT 1 FROM u)`
     }`
 }
@@ -185,7 +185,7 @@ export const pg = (sql: SqlClient.SqlClient, auth: Auth, batch: ReadonlyArray<Ph
   const end = batch[batch.length - 1]
   const first = gate
     ? pgWrite(sql, auth, gate, batch, { phase: end.phase, seq: end.seq }, seqs)
-    : sql<Row>`${sql.literal(Prepared.marker)}SELECT s.*, false AS applied, ${storedOf(sql, seqs)} AS stored_events FROM assignments s WHERE s.reservation_id = ${auth.reservationId}::bigint`
+    : sql<Row>`${sql.literal(Prepared.marker)}SELECT s.*, ${sql.literal(Codec.policyOf("s"))}, false AS applied, ${storedOf(sql, seqs)} AS stored_events FROM assignments s WHERE s.reservation_id = ${auth.reservationId}::bigint`
   return Effect.flatMap(first, (rows): Effect.Effect<Outcome | null, Refusal | SqlError.SqlError> => {
     if (gate && rows[0]?.applied === true) return Effect.succeed(answered(batch, rows[0], auth.now))
     const planned = planRead(auth, batch, rows[0])
@@ -207,7 +207,7 @@ export const pg = (sql: SqlClient.SqlClient, auth: Auth, batch: ReadonlyArray<Ph
  */
 export const pgLocked = (sql: SqlClient.SqlClient, auth: Auth, batch: ReadonlyArray<PhaseModel.Event>): Effect.Effect<Outcome, Refusal | SqlError.SqlError> =>
   Effect.gen(function* () {
-    const rows = isId(auth.reservationId) ? yield* sql<Row>`SELECT * FROM assignments WHERE reservation_id = ${auth.reservationId}::bigint FOR UPDATE` : []
+    const rows = isId(auth.reservationId) ? yield* sql<Row>`SELECT ${sql.literal(Codec.assignmentColumns)} FROM assignments WHERE reservation_id = ${auth.reservationId}::bigint FOR UPDATE` : []
     const stored = rows.length === 0 ? [] : yield* sql<Row>`SELECT ${storedOf(sql, readSeqs(batch))} AS stored_events FROM assignments s WHERE s.reservation_id = ${auth.reservationId}::bigint`
     const planned = planRead(auth, batch, rows[0] && { ...rows[0], stored_events: stored[0]?.stored_events })
     if (Either.isLeft(planned)) return yield* Effect.fail(planned.left)
@@ -243,7 +243,7 @@ export const sqlite = (
         WHERE reservation_id = ${auth.reservationId} AND device_id = ${auth.deviceId} AND fence = ${auth.fence}
           AND state = 'active' AND expires_at > ${auth.now}
           AND last_seq = ${spec.priorSeq} AND COALESCE(last_phase, '') IN (SELECT value FROM json_each(${JSON.stringify(spec.phases)}))
-        RETURNING *`
+        RETURNING ${sql.literal(Codec.assignmentColumns)}`
       if (row) {
         yield* insert(auth.reservationId, spec.plan.fresh)
         return { results: spec.plan.results, assignment: Codec.assignment(row) }
@@ -251,7 +251,7 @@ export const sqlite = (
       // the update took the write lock even though it matched nothing
     } else yield* writeLock
     const rows = yield* sql<Row>`
-      SELECT a.*, (
+      SELECT a.*, ${sql.literal(Codec.policyOf("a"))}, (
         SELECT json_group_array(json_array(p.seq, p.kind, p.phase, p.at, p.detail, p.accepted_at)) FROM progress_events p
         WHERE p.reservation_id = a.reservation_id AND p.seq IN (SELECT value FROM json_each(${JSON.stringify(readSeqs(batch))}))
       ) AS stored_events

@@ -36,7 +36,7 @@ export const sqlite = (
     const [row] = Number.isSafeInteger(input.reservationId)
       ? yield* sql<Row>`
           UPDATE assignments SET ended_at = ended_at WHERE reservation_id = ${input.reservationId}
-          RETURNING *,
+          RETURNING ${sql.literal(Codec.assignmentColumns)},
             (SELECT json_object(${sql.literal(targetJson)}) FROM targets t WHERE t.id = assignments.target_id) AS target_row,
             (SELECT json_group_array(json_array(p.seq, p.kind, p.phase, p.at, p.detail, p.accepted_at) ORDER BY p.seq)
               FROM progress_events p WHERE p.reservation_id = assignments.reservation_id) AS timeline`

@@ -3,6 +3,7 @@ import type Sqlite from "better-sqlite3"
 import { Effect, Either } from "effect"
 import { Assignment, Claim, Deadline, Errors, Findings, type PhaseModel, Priority, type Store, Target, WorkerWrite } from "@scanfleet/core"
 import * as Codec from "../Codec.js"
+import type * as Policies from "../Policies.js"
 import { mapped } from "../SqlErrors.js"
 import type { Database } from "./Connection.js"
 
@@ -32,8 +33,10 @@ const isDeclined = (e: unknown): e is Declined => e instanceof Declined
  * WorkerWrite, Target); these functions read what they need and write what they decide.
  * Results that relate findings (core's `Findings.carriesFindings`, or a target with open
  * findings) are left to `slow`, the SqlClient Store, which writes them with the result.
+ * A reservation references its configuration's policy row, interned by `policies` before
+ * the claim's transaction (so a rolled-back claim leaves no id behind).
  */
-export const make = (database: Database, slow: Pick<Store.StoreShape, "submitResult" | "submitResults">) => {
+export const make = (database: Database, slow: Pick<Store.StoreShape, "submitResult" | "submitResults">, policies: Policies.Interner) => {
   const db = database.db
   const st = statements(db)
 
@@ -57,7 +60,9 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
       )
   }
 
-  const claimTx = transaction<Store.ClaimManyRequest, ReadonlyArray<Assignment.Assignment>, Errors.ClaimRejected>((req) => claimSlots(req))
+  const claimTx = transaction<{ readonly req: Store.ClaimManyRequest; readonly interned: Policies.Interned }, ReadonlyArray<Assignment.Assignment>, Errors.ClaimRejected>(
+    ({ req, interned }) => claimSlots(req, interned)
+  )
   const resultTx = transaction<Store.ResultInput, Either.Either<Assignment.Receipt, Errors.ReservationRefused>, Declined>((input) => submitOne(input))
   const resultsTx = transaction<ReadonlyArray<Store.ResultInput>, ReadonlyArray<Either.Either<Assignment.Receipt, Errors.ReservationRefused>>, Declined>((inputs) => inputs.map(submitOne))
   const progressTx = transaction<
@@ -69,7 +74,7 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
 
   // A claim waits for another process's write lock no longer than its client does.
   const claimTransaction = (req: Store.ClaimManyRequest) =>
-    claimTx(req, req.notAfter).pipe(
+    Effect.flatMap(policies(req.config), (interned) => claimTx({ req, interned }, req.notAfter)).pipe(
       Effect.catchIf(
         (e): e is Errors.StoreError => e._tag === "StoreError" && e.reason === "conflict" && req.notAfter !== undefined && Date.now() > req.notAfter,
         () => Effect.fail(Claim.deadlinePassed(req.notAfter!))
@@ -83,7 +88,7 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
   }
   const loadTarget = (id: number) => Codec.target(st.target.get(id) as Row)
 
-  function claimSlots(req: Store.ClaimManyRequest): ReadonlyArray<Assignment.Assignment> {
+  function claimSlots(req: Store.ClaimManyRequest, interned: Policies.Interned): ReadonlyArray<Assignment.Assignment> {
     // Built only when refused: an error captures a stack trace.
     const unknown = () => new Refusal(new Errors.ClaimRejected({ reason: "unknown_device", message: `device ${req.deviceId} is not registered or was revoked` }))
     if (!isId(req.deviceId)) throw unknown()
@@ -102,8 +107,10 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
       if (row === undefined) break
       const t = Codec.target(row)
       const { policy, deadlines } = Deadline.issueFor(req.config, t.source, req.now)
+      // every configured source has its row, and Deadline.issueFor above refuses any other
+      const policyId = interned.bySource.get(t.source)!
       const reservationId = Number(
-        st.reserve.run(t.id, t.source, t.identity, req.deviceId, d.slots, slot, t.fence, JSON.stringify(policy), t.coveredRemoteAt, deadlines.issuedAt, deadlines.scanDeadline, deadlines.uploadDeadline, deadlines.expiresAt).lastInsertRowid
+        st.reserve.run(t.id, t.source, t.identity, req.deviceId, d.slots, slot, t.fence, policyId, t.coveredRemoteAt, deadlines.issuedAt, deadlines.scanDeadline, deadlines.uploadDeadline, deadlines.expiresAt).lastInsertRowid
       )
       issued.push(Assignment.issued(t, { reservationId, deviceId: req.deviceId, slot }, policy, deadlines))
     }
@@ -211,10 +218,10 @@ const statements = (db: Sqlite.Database) => {
         ORDER BY ${Priority.claimKeySql("c")}, c.id LIMIT 1)
       RETURNING ${Codec.targetColumns}`),
     reserve: db.prepare(`
-      INSERT INTO assignments (target_id, source, identity, device_id, device_slots, slot, fence, policy, covered_remote_at,
+      INSERT INTO assignments (target_id, source, identity, device_id, device_slots, slot, fence, policy_id, covered_remote_at,
         issued_at, scan_deadline, upload_deadline, expires_at, state)
       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active')`),
-    assignment: db.prepare("SELECT * FROM assignments WHERE reservation_id = ?"),
+    assignment: db.prepare(`SELECT ${Codec.assignmentColumns} FROM assignments WHERE reservation_id = ?`),
     target: db.prepare(`SELECT ${Codec.targetColumns} FROM targets WHERE id = ?`),
     completeTarget: db.prepare("UPDATE targets SET status = 'completed', completed_at = ? WHERE id = ? AND status = 'in_progress' AND fence = ?"),
     failTarget: db.prepare("UPDATE targets SET status = ? WHERE id = ? AND status = 'in_progress' AND fence = ?"),

@@ -1,0 +1,107 @@
+import type { SqlClient, SqlError } from "@effect/sql"
+import { Effect } from "effect"
+import { type Config, Deadline, type Errors, Source } from "@scanfleet/core"
+import { mapped } from "./SqlErrors.js"
+
+/**
+ * One source's effective policy under a configuration, as a row of `policies` (migration
+ * 0012): the document (JSON text) and its deadline offsets from issue time in
+ * milliseconds, as core's `Deadline.issue` adds them.
+ */
+export interface Row {
+  readonly source: Source.Source
+  readonly policy: string
+  readonly scanMs: number
+  readonly uploadMs: number
+  readonly expiryMs: number
+}
+
+/** The offsets of a policy's three deadlines from the issue time: core's `Deadline.issue` at time 0. */
+export const offsets = (policy: Config.EffectivePolicy): Pick<Row, "scanMs" | "uploadMs" | "expiryMs"> => {
+  const d = Deadline.issue(policy, 0)
+  return { scanMs: d.scanDeadline, uploadMs: d.uploadDeadline, expiryMs: d.expiresAt }
+}
+
+// Database-independent, so shared by every store of the process.
+const rowsCache = new WeakMap<object, { readonly rows: ReadonlyArray<Row>; readonly exact: boolean }>()
+
+/**
+ * A configuration's policies, one row per configured source, computed once per configuration
+ * object; `exact` when every offset is a whole number of milliseconds (what a statement may add
+ * to an issue time in integer arithmetic).
+ */
+export const rowsOf = (config: Config.ManagedConfig): { readonly rows: ReadonlyArray<Row>; readonly exact: boolean } => {
+  let hit = rowsCache.get(config)
+  if (hit === undefined) {
+    const rows: Array<Row> = []
+    for (const source of Source.sources) {
+      if (config.sources[source] === undefined) continue
+      const { policy } = Deadline.issueFor(config, source, 0)
+      rows.push({ source, policy: JSON.stringify(policy), ...offsets(policy) })
+    }
+    hit = { rows, exact: rows.every((r) => [r.scanMs, r.uploadMs, r.expiryMs].every(Number.isSafeInteger)) }
+    rowsCache.set(config, hit)
+  }
+  return hit
+}
+
+/** A configuration's policies as stored: the id of each configured source's row. */
+export interface Interned {
+  readonly bySource: ReadonlyMap<Source.Source, number>
+  /** The ids, one per configured source. */
+  readonly ids: ReadonlyArray<number>
+}
+
+/** Interns configurations' policies in the database of `sql`; see `make`. */
+export type Interner = (config: Config.ManagedConfig) => Effect.Effect<Interned, Errors.StoreError>
+
+/**
+ * The policy ids of a configuration in this database, interned once per configuration object:
+ * its rows are inserted if absent (the unique key on the content makes a concurrent insert of
+ * the same policy by another store, in this process or another, wait and then do nothing),
+ * then read back in a statement of their own, which sees what a concurrent insert committed.
+ * Runs outside any transaction, so the ids it remembers are committed ones.
+ */
+export const make = (sql: SqlClient.SqlClient, isPg: boolean): Interner => {
+  const interned = new WeakMap<object, Interned>()
+  return (config) => {
+    const hit = interned.get(config)
+    if (hit !== undefined) return Effect.succeed(hit)
+    const { rows } = rowsOf(config)
+    return mapped(
+      Effect.gen(function* () {
+        const found = rows.length === 0 ? [] : isPg ? yield* pg(sql, rows) : yield* sqlite(sql, rows)
+        const bySource = new Map(found.map((r) => [r.source as Source.Source, Number(r.id)]))
+        // rows are never deleted: a row inserted or found above is there
+        if (!rows.every((r) => bySource.has(r.source))) return yield* Effect.dieMessage("an interned policy row is missing")
+        const result: Interned = { bySource, ids: rows.map((r) => bySource.get(r.source)!) }
+        interned.set(config, result)
+        return result
+      })
+    )
+  }
+}
+
+type Found = ReadonlyArray<{ readonly id: unknown; readonly source: unknown }>
+
+const pg = (sql: SqlClient.SqlClient, rows: ReadonlyArray<Row>): Effect.Effect<Found, SqlError.SqlError> => {
+  const given = sql`unnest(${rows.map((r) => r.source)}::text[], ${rows.map((r) => r.policy)}::jsonb[], ${rows.map((r) => r.scanMs)}::float8[],
+    ${rows.map((r) => r.uploadMs)}::float8[], ${rows.map((r) => r.expiryMs)}::float8[]) AS g(source, policy, scan_ms, upload_ms, expiry_ms)`
+  return Effect.zipRight(
+    sql`INSERT INTO policies (source, policy, scan_ms, upload_ms, expiry_ms) SELECT * FROM ${given} ORDER BY 1 ON CONFLICT DO NOTHING`,
+    sql<{ id: number; source: string }>`SELECT p.id, p.source FROM policies p JOIN ${given} USING (source, policy, scan_ms, upload_ms, expiry_ms)`
+  )
+}
+
+const sqlite = (sql: SqlClient.SqlClient, rows: ReadonlyArray<Row>): Effect.Effect<Found, SqlError.SqlError> => {
+  const given = JSON.stringify(rows.map((r) => [r.source, r.policy, r.scanMs, r.uploadMs, r.expiryMs]))
+  return Effect.zipRight(
+    // WHERE true: an upsert's SELECT needs a clause before ON CONFLICT
+    sql`INSERT INTO policies (source, policy, scan_ms, upload_ms, expiry_ms)
+      SELECT j.value ->> 0, j.value ->> 1, j.value ->> 2, j.value ->> 3, j.value ->> 4 FROM json_each(${given}) AS j WHERE true ORDER BY j.key
+      ON CONFLICT DO NOTHING`,
+    sql<{ id: number; source: string }>`
+      SELECT p.id, p.source FROM policies p JOIN json_each(${given}) AS j
+        ON p.source = j.value ->> 0 AND p.policy = j.value ->> 1 AND p.scan_ms = j.value ->> 2 AND p.upload_ms = j.value ->> 3 AND p.expiry_ms = j.value ->> 4`
+  )
+}
