@@ -413,6 +413,38 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
           expect(a.expiresAt).toBe(T0 + config.assignments.globalTtlSeconds * 1000)
         }))
 
+      // A store may keep a policy once and refer to it: each reservation still reads back the policy it was issued under.
+      test("claims under two configurations keep each its own policy and deadlines, in every read", (s) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s, 6)
+          const other: Config.ManagedConfig = {
+            ...config,
+            assignments: { ...config.assignments, globalTtlSeconds: 5400, overrides: { dockerhub: { ttlSeconds: 9000 } } },
+            sources: { ...config.sources, github: { ...config.sources.github, scanTimeoutSeconds: 900 } }
+          }
+          // equal in content to `config`, another object
+          const copy: Config.ManagedConfig = JSON.parse(JSON.stringify(config))
+          yield* s.recordObservations([...["a", "b", "c", "d"].map((i) => obs("github", i, null)), obs("dockerhub", "x", null), obs("github", "e", null)], T0)
+          const a = yield* claimed(s, d.id, 0, T0)
+          const b = yield* claimed(s, d.id, 1, T0 + 1, { config: other })
+          const c = yield* claimed(s, d.id, 2, T0 + 2)
+          const [e, x] = yield* s.claimMany({ deviceId: d.id, slots: [3, 4], now: T0 + 3, config: other })
+          const f = yield* claimed(s, d.id, 5, T0 + 4, { config: copy })
+          const issued: ReadonlyArray<readonly [Assignment.Assignment, Config.ManagedConfig]> = [[a, config], [b, other], [c, config], [e, other], [x, other], [f, copy]]
+          expect(issued.map(([i]) => i.identity)).toEqual(["a", "b", "c", "d", "x", "e"])
+          for (const [i, cfg] of issued) {
+            const { policy, deadlines } = Deadline.issueFor(cfg, i.source, i.issuedAt)
+            expect(i).toMatchObject({ policy, ...deadlines })
+            expect(yield* s.getAssignment(i.reservationId)).toEqual(i)
+          }
+          expect(b.policy).not.toEqual(a.policy)
+          expect(x.policy).toMatchObject({ source: "dockerhub", origin: "override", ttlSeconds: 9000 })
+          expect(yield* s.listAssignments({ limit: 10 })).toEqual([...issued.map(([i]) => i)].sort((p, q) => q.reservationId - p.reservationId))
+          // the result rewrites the reservation; its policy stays
+          yield* finish(s, b, T0 + MIN)
+          expect(yield* s.getAssignment(b.reservationId)).toMatchObject({ state: "completed", policy: b.policy, expiresAt: b.expiresAt })
+        }))
+
       test("returns null when nothing is pending", (s) =>
         Effect.gen(function* () {
           const d = yield* addDevice(s, 1)
