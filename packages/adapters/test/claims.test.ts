@@ -35,9 +35,14 @@ describe("claims and batches of results on PostgreSQL are one statement when the
       const one = yield* trips(store.claim({ deviceId: single.id, slot: 0, now: T0, config }))
       expect(one.value?.identity).toBe("c/1")
       expect(one.trips).toBe(1)
+      // The same policies in another configuration object (a server reads its configuration afresh per claim) intern nothing again.
+      yield* finish(one.value!)
+      const again = yield* trips(store.claim({ deviceId: single.id, slot: 0, now: T0, config: JSON.parse(JSON.stringify(config)) as Config.ManagedConfig }))
+      expect(again.value?.identity).toBe("c/2")
+      expect(again.trips).toBe(1)
 
       const many = yield* trips(store.claimMany({ deviceId: batch.id, slots: Array.from({ length: 64 }, (_, i) => 63 - i), now: T0, config }))
-      expect(many.value.map((a) => a.identity)).toEqual(Array.from({ length: 64 }, (_, i) => `c/${i + 2}`))
+      expect(many.value.map((a) => a.identity)).toEqual(Array.from({ length: 64 }, (_, i) => `c/${i + 3}`))
       expect(many.value.map((a) => a.slot)).toEqual(Array.from({ length: 64 }, (_, i) => 63 - i))
       expect(many.trips).toBe(1)
       const done = yield* trips(

@@ -23,14 +23,19 @@ export const offsets = (policy: Config.EffectivePolicy): Pick<Row, "scanMs" | "u
 }
 
 // Database-independent, so shared by every store of the process.
-const rowsCache = new WeakMap<object, { readonly rows: ReadonlyArray<Row>; readonly exact: boolean }>()
+const rowsCache = new WeakMap<object, Rows>()
 
-/**
- * A configuration's policies, one row per configured source, computed once per configuration
- * object; `exact` when every offset is a whole number of milliseconds (what a statement may add
- * to an issue time in integer arithmetic).
- */
-export const rowsOf = (config: Config.ManagedConfig): { readonly rows: ReadonlyArray<Row>; readonly exact: boolean } => {
+/** A configuration's policy rows; see `rowsOf`. */
+export interface Rows {
+  readonly rows: ReadonlyArray<Row>
+  /** Every offset is a whole number of milliseconds (what a statement may add to an issue time in integer arithmetic). */
+  readonly exact: boolean
+  /** The rows' content as one string: equal for configurations whose policies are equal. */
+  readonly key: string
+}
+
+/** A configuration's policies, one row per configured source, computed once per configuration object. */
+export const rowsOf = (config: Config.ManagedConfig): Rows => {
   let hit = rowsCache.get(config)
   if (hit === undefined) {
     const rows: Array<Row> = []
@@ -39,7 +44,11 @@ export const rowsOf = (config: Config.ManagedConfig): { readonly rows: ReadonlyA
       const { policy } = Deadline.issueFor(config, source, 0)
       rows.push({ source, policy: JSON.stringify(policy), ...offsets(policy) })
     }
-    hit = { rows, exact: rows.every((r) => [r.scanMs, r.uploadMs, r.expiryMs].every(Number.isSafeInteger)) }
+    hit = {
+      rows,
+      exact: rows.every((r) => [r.scanMs, r.uploadMs, r.expiryMs].every(Number.isSafeInteger)),
+      key: JSON.stringify(rows.map((r) => [r.source, r.policy, r.scanMs, r.uploadMs, r.expiryMs]))
+    }
     rowsCache.set(config, hit)
   }
   return hit
@@ -55,19 +64,30 @@ export interface Interned {
 /** Interns configurations' policies in the database of `sql`; see `make`. */
 export type Interner = (config: Config.ManagedConfig) => Effect.Effect<Interned, Errors.StoreError>
 
+// Configurations whose policy ids a store remembers by content (a server reads its configuration
+// afresh for each claim, so a new object often holds known policies); policy rows are never
+// deleted, so a remembered id stays valid.
+const remembered = 64
+
 /**
- * The policy ids of a configuration in this database, interned once per configuration object:
- * its rows are inserted if absent (the unique key on the content makes a concurrent insert of
+ * The policy ids of a configuration in this database, interned once per configuration object
+ * (and not again for another object with the same policies): its rows are inserted if absent (the unique key on the content makes a concurrent insert of
  * the same policy by another store, in this process or another, wait and then do nothing),
  * then read back in a statement of their own, which sees what a concurrent insert committed.
  * Runs outside any transaction, so the ids it remembers are committed ones.
  */
 export const make = (sql: SqlClient.SqlClient, isPg: boolean): Interner => {
   const interned = new WeakMap<object, Interned>()
+  const byContent = new Map<string, Interned>()
   return (config) => {
     const hit = interned.get(config)
     if (hit !== undefined) return Effect.succeed(hit)
-    const { rows } = rowsOf(config)
+    const { rows, key } = rowsOf(config)
+    const known = byContent.get(key)
+    if (known !== undefined) {
+      interned.set(config, known)
+      return Effect.succeed(known)
+    }
     return mapped(
       Effect.gen(function* () {
         const found = rows.length === 0 ? [] : isPg ? yield* pg(sql, rows) : yield* sqlite(sql, rows)
@@ -76,6 +96,8 @@ export const make = (sql: SqlClient.SqlClient, isPg: boolean): Interner => {
         if (!rows.every((r) => bySource.has(r.source))) return yield* Effect.dieMessage("an interned policy row is missing")
         const result: Interned = { bySource, ids: rows.map((r) => bySource.get(r.source)!) }
         interned.set(config, result)
+        if (byContent.size >= remembered) byContent.delete(byContent.keys().next().value!)
+        byContent.set(key, result)
         return result
       })
     )
