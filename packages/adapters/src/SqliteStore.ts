@@ -6,7 +6,6 @@ import * as SqlFindingStore from "./SqlFindingStore.js"
 import * as SqlOperations from "./SqlOperations.js"
 import * as Migrate from "./internal/Migrate.js"
 import { storeLayer, toStoreError } from "./internal/SqlErrors.js"
-import * as Policies from "./internal/Policies.js"
 import * as SqlStore from "./internal/SqlStore.js"
 import * as Connection from "./internal/sqlite/Connection.js"
 import * as Hot from "./internal/sqlite/Hot.js"
@@ -33,11 +32,9 @@ export const migrate: Effect.Effect<void, Errors.StoreError, SqlClient.SqlClient
  */
 export const make: Effect.Effect<Store.StoreShape, Errors.StoreError, SqlClient.SqlClient | Database> = Effect.gen(function* () {
   yield* migrate
-  // One interner for both faces: a configuration's policies are looked up once per store.
-  const policies = Policies.make(yield* SqlClient.SqlClient, false)
-  const base = yield* SqlStore.makeWith(policies)
+  const base = yield* SqlStore.make
   const database = yield* Database
-  const hot = yield* Effect.try({ try: () => Hot.make(database, base, policies), catch: (e) => new Errors.StoreError({ reason: "internal", message: `preparing the SQLite statements: ${String(e)}`, cause: e }) })
+  const hot = yield* Effect.try({ try: () => Hot.make(database, base), catch: (e) => new Errors.StoreError({ reason: "internal", message: `preparing the SQLite statements: ${String(e)}`, cause: e }) })
   return { ...base, ...hot }
 })
 

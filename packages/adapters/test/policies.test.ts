@@ -150,6 +150,22 @@ describe("policies: stored once, referenced by reservations", () => {
   it.live("postgres: two stores on one database intern one row per source policy, and each claim keeps its configuration's policy", () => interning(pgShared(2)), 60_000)
   it.live("sqlite: two stores on one file intern one row per source policy, and each claim keeps its configuration's policy", () => interning(sqliteShared(2)), 60_000)
 
+  it.live("sqlite: a claim rolled back after interning its configuration's policies (its client's deadline passed) leaves no row and no remembered id", () =>
+    Effect.scoped(
+      Effect.gen(function* () {
+        const { stores, sql } = yield* sqliteShared(1)
+        const [store] = stores
+        yield* store.recordObservations([{ source: "gitlab", identity: "g/1", remoteAt: null }], T0)
+        const d = yield* store.addDevice({ name: "late", slots: 1, tokenHash: "h", now: T0 })
+        const late = yield* Effect.either(store.claim({ deviceId: d.id, slot: 0, now: T0, config, notAfter: Date.now() - 1 }))
+        expect(late).toMatchObject({ _tag: "Left", left: { _tag: "ClaimRejected", reason: "deadline_passed" } })
+        expect(yield* policyCounts(sql)).toEqual({})
+        const a = yield* store.claim({ deviceId: d.id, slot: 0, now: T0, config })
+        expect(a).toMatchObject({ identity: "g/1", policy: Config.effectivePolicy(config, "gitlab") })
+        expect(yield* store.getAssignment(a!.reservationId)).toEqual(a)
+        expect(yield* policyCounts(sql)).toEqual({ dockerhub: 1, github: 1, gitlab: 1, huggingface: 1 })
+      })
+    ), 60_000)
   it.live("postgres: migration 0012 gives reservations stored at 0011 their policies back unchanged", () =>
     upgrade("pg", Layer.unwrapScoped(Effect.map(schema(inject("pgUrl")), (name) => PgClient.layer({ url: Redacted.make(urlFor(inject("pgUrl"), name)), types: PgStore.types }))), PgStore.make), 60_000)
   it.live("sqlite: migration 0012 gives reservations stored at 0011 their policies back unchanged", () =>

@@ -69,41 +69,63 @@ export type Interner = (config: Config.ManagedConfig) => Effect.Effect<Interned,
 // deleted, so a remembered id stays valid.
 const remembered = 64
 
+/** The policy ids a store has interned, by configuration object and by content; only committed ids are put in. */
+export interface Cache {
+  readonly get: (config: Config.ManagedConfig) => Interned | undefined
+  readonly put: (config: Config.ManagedConfig, interned: Interned) => void
+}
+
+/** An empty cache of interned policy ids, for one store. */
+export const cache = (): Cache => {
+  const byObject = new WeakMap<object, Interned>()
+  const byContent = new Map<string, Interned>()
+  return {
+    get: (config) => {
+      const hit = byObject.get(config)
+      if (hit !== undefined) return hit
+      const known = byContent.get(rowsOf(config).key)
+      if (known !== undefined) byObject.set(config, known)
+      return known
+    },
+    put: (config, interned) => {
+      byObject.set(config, interned)
+      const { key } = rowsOf(config)
+      if (!byContent.has(key) && byContent.size >= remembered) byContent.delete(byContent.keys().next().value!)
+      byContent.set(key, interned)
+    }
+  }
+}
+
+/** The interned form of the ids found for a configuration's rows; dies if one is missing (rows are never deleted). */
+export const internedOf = (rows: ReadonlyArray<Row>, found: ReadonlyArray<{ readonly id: unknown; readonly source: unknown }>): Interned => {
+  const bySource = new Map(found.map((r) => [r.source as Source.Source, Number(r.id)]))
+  if (!rows.every((r) => bySource.has(r.source))) throw new Error("an interned policy row is missing")
+  return { bySource, ids: rows.map((r) => bySource.get(r.source)!) }
+}
+
 /**
- * The policy ids of a configuration in this database, interned once per configuration object
- * (and not again for another object with the same policies): its rows are inserted if absent (the unique key on the content makes a concurrent insert of
- * the same policy by another store, in this process or another, wait and then do nothing),
- * then read back in a statement of their own, which sees what a concurrent insert committed.
- * Runs outside any transaction, so the ids it remembers are committed ones.
+ * The policy ids of a configuration in the database of `sql`, interned once per store and
+ * configuration content: its rows are inserted if absent (the unique key on the content makes a
+ * concurrent insert of the same policy by another store, in this process or another, wait and
+ * then do nothing), then read back in a statement of their own, which sees what a concurrent
+ * insert committed. Runs outside any transaction, so the ids it remembers are committed ones.
  */
 export const make = (sql: SqlClient.SqlClient, isPg: boolean): Interner => {
-  const interned = new WeakMap<object, Interned>()
-  const byContent = new Map<string, Interned>()
+  const known = cache()
   return (config) => {
-    const hit = interned.get(config)
+    const hit = known.get(config)
     if (hit !== undefined) return Effect.succeed(hit)
-    const { rows, key } = rowsOf(config)
-    const known = byContent.get(key)
-    if (known !== undefined) {
-      interned.set(config, known)
-      return Effect.succeed(known)
-    }
+    const { rows } = rowsOf(config)
     return mapped(
       Effect.gen(function* () {
         const found = rows.length === 0 ? [] : isPg ? yield* pg(sql, rows) : yield* sqlite(sql, rows)
-        const bySource = new Map(found.map((r) => [r.source as Source.Source, Number(r.id)]))
-        // rows are never deleted: a row inserted or found above is there
-        if (!rows.every((r) => bySource.has(r.source))) return yield* Effect.dieMessage("an interned policy row is missing")
-        const result: Interned = { bySource, ids: rows.map((r) => bySource.get(r.source)!) }
-        interned.set(config, result)
-        if (byContent.size >= remembered) byContent.delete(byContent.keys().next().value!)
-        byContent.set(key, result)
+        const result = internedOf(rows, found)
+        known.put(config, result)
         return result
       })
     )
   }
 }
-
 type Found = ReadonlyArray<{ readonly id: unknown; readonly source: unknown }>
 
 const pg = (sql: SqlClient.SqlClient, rows: ReadonlyArray<Row>): Effect.Effect<Found, SqlError.SqlError> => {

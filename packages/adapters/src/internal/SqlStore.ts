@@ -30,15 +30,12 @@ const byText = (a: string, b: string) => a.localeCompare(b)
  * one statement or one transaction, with at most one fallback (a transaction that names the
  * exact reason of what the statement did not take), and every SqlError leaves as a StoreError.
  */
-export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> = Effect.flatMap(SqlClient.SqlClient, (sql) =>
-  makeWith(Policies.make(sql, Dialect.of(sql).name === "pg"))
-)
-
-/** The Store over the client in context, interning configurations' policies with `policies` (shared with the SQLite hot path). */
-export const makeWith = (policies: Policies.Interner): Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> => Effect.gen(function* () {
+export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> = Effect.gen(function* () {
   const sql = yield* SqlClient.SqlClient
   const dialect = Dialect.of(sql)
   const isPg = dialect.name === "pg"
+  // A claim's configuration's policies, interned before the claim (see Policies.make).
+  const policies = Policies.make(sql, isPg)
   const { forUpdate, writeLock } = dialect
 
   // A deadlock or serialization failure aborted the whole statement or transaction

@@ -3,7 +3,7 @@ import type Sqlite from "better-sqlite3"
 import { Effect, Either } from "effect"
 import { Assignment, Claim, Deadline, Errors, Findings, type PhaseModel, Priority, type Store, Target, WorkerWrite } from "@scanfleet/core"
 import * as Codec from "../Codec.js"
-import type * as Policies from "../Policies.js"
+import * as Policies from "../Policies.js"
 import { mapped } from "../SqlErrors.js"
 import type { Database } from "./Connection.js"
 
@@ -33,12 +33,14 @@ const isDeclined = (e: unknown): e is Declined => e instanceof Declined
  * WorkerWrite, Target); these functions read what they need and write what they decide.
  * Results that relate findings (core's `Findings.carriesFindings`, or a target with open
  * findings) are left to `slow`, the SqlClient Store, which writes them with the result.
- * A reservation references its configuration's policy row, interned by `policies` before
- * the claim's transaction (so a rolled-back claim leaves no id behind).
+ * A reservation references its configuration's policy row, interned by the claim's own
+ * transaction the first time (so it waits for the write lock no longer than the claim).
  */
-export const make = (database: Database, slow: Pick<Store.StoreShape, "submitResult" | "submitResults">, policies: Policies.Interner) => {
+export const make = (database: Database, slow: Pick<Store.StoreShape, "submitResult" | "submitResults">) => {
   const db = database.db
   const st = statements(db)
+  // Ids put in only once the transaction that interned them committed.
+  const policies = Policies.cache()
 
   // One better-sqlite3 transaction function per operation, made once: `f` runs inside
   // BEGIN IMMEDIATE ... COMMIT, and a thrown Refusal rolls back and fails with its error.
@@ -60,8 +62,8 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
       )
   }
 
-  const claimTx = transaction<{ readonly req: Store.ClaimManyRequest; readonly interned: Policies.Interned }, ReadonlyArray<Assignment.Assignment>, Errors.ClaimRejected>(
-    ({ req, interned }) => claimSlots(req, interned)
+  const claimTx = transaction<Store.ClaimManyRequest, { readonly issued: ReadonlyArray<Assignment.Assignment>; readonly interned: Policies.Interned | undefined }, Errors.ClaimRejected>(
+    (req) => claimSlots(req)
   )
   const resultTx = transaction<Store.ResultInput, Either.Either<Assignment.Receipt, Errors.ReservationRefused>, Declined>((input) => submitOne(input))
   const resultsTx = transaction<ReadonlyArray<Store.ResultInput>, ReadonlyArray<Either.Either<Assignment.Receipt, Errors.ReservationRefused>>, Declined>((inputs) => inputs.map(submitOne))
@@ -74,7 +76,11 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
 
   // A claim waits for another process's write lock no longer than its client does.
   const claimTransaction = (req: Store.ClaimManyRequest) =>
-    Effect.flatMap(policies(req.config), (interned) => claimTx({ req, interned }, req.notAfter)).pipe(
+    claimTx(req, req.notAfter).pipe(
+      Effect.map(({ issued, interned }) => {
+        if (interned !== undefined) policies.put(req.config, interned)
+        return issued
+      }),
       Effect.catchIf(
         (e): e is Errors.StoreError => e._tag === "StoreError" && e.reason === "conflict" && req.notAfter !== undefined && Date.now() > req.notAfter,
         () => Effect.fail(Claim.deadlinePassed(req.notAfter!))
@@ -88,7 +94,18 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
   }
   const loadTarget = (id: number) => Codec.target(st.target.get(id) as Row)
 
-  function claimSlots(req: Store.ClaimManyRequest, interned: Policies.Interned): ReadonlyArray<Assignment.Assignment> {
+  // A configuration's policy ids, its rows inserted if absent, in the caller's write transaction.
+  function intern(config: Store.ClaimManyRequest["config"]): Policies.Interned {
+    const { rows } = Policies.rowsOf(config)
+    const found = rows.map((r) => {
+      const key = [r.source, r.policy, r.scanMs, r.uploadMs, r.expiryMs] as const
+      st.internPolicy.run(...key)
+      return { id: st.policyId.get(...key), source: r.source }
+    })
+    return Policies.internedOf(rows, found)
+  }
+
+  function claimSlots(req: Store.ClaimManyRequest): { readonly issued: ReadonlyArray<Assignment.Assignment>; readonly interned: Policies.Interned | undefined } {
     // Built only when refused: an error captures a stack trace.
     const unknown = () => new Refusal(new Errors.ClaimRejected({ reason: "unknown_device", message: `device ${req.deviceId} is not registered or was revoked` }))
     if (!isId(req.deviceId)) throw unknown()
@@ -96,9 +113,11 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
     if (!d || d.revoked_at !== null) throw unknown()
     const refused = Claim.refuseSlots(d.slots, st.busySlots.all(req.deviceId) as Array<number>, req.slots)
     if (refused) throw new Refusal(refused)
-    if (req.slots.length === 0) return []
+    const known = policies.get(req.config)
+    if (req.slots.length === 0) return { issued: [], interned: undefined }
     // A cap of zero or less leaves nothing to take; otherwise each claim is stored before the next counts.
-    if (req.sourceCap !== undefined && req.sourceCap <= 0) return []
+    if (req.sourceCap !== undefined && req.sourceCap <= 0) return { issued: [], interned: undefined }
+    let fresh: Policies.Interned | undefined
     const filtered = req.sources !== undefined || req.sourceCap !== undefined
     const params = filtered ? { now: req.now, sources: req.sources === undefined ? null : JSON.stringify(req.sources), cap: req.sourceCap ?? null } : { now: req.now }
     const issued: Array<Assignment.Assignment> = []
@@ -108,7 +127,7 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
       const t = Codec.target(row)
       const { policy, deadlines } = Deadline.issueFor(req.config, t.source, req.now)
       // every configured source has its row, and Deadline.issueFor above refuses any other
-      const policyId = interned.bySource.get(t.source)!
+      const policyId = (known ?? (fresh ??= intern(req.config))).bySource.get(t.source)!
       const reservationId = Number(
         st.reserve.run(t.id, t.source, t.identity, req.deviceId, d.slots, slot, t.fence, policyId, t.coveredRemoteAt, deadlines.issuedAt, deadlines.scanDeadline, deadlines.uploadDeadline, deadlines.expiresAt).lastInsertRowid
       )
@@ -117,7 +136,7 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
     // Last, just before COMMIT: a claim whose client stopped waiting is rolled back, not committed.
     const late = Claim.pastDeadline(req.notAfter, Date.now())
     if (late) throw new Refusal(late)
-    return issued
+    return { issued, interned: fresh }
   }
 
   // One result, inside the caller's transaction: core judges, then the writes of an accepted result.
@@ -222,6 +241,8 @@ const statements = (db: Sqlite.Database) => {
         issued_at, scan_deadline, upload_deadline, expires_at, state)
       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active')`),
     assignment: db.prepare(`SELECT ${Codec.assignmentColumns} FROM assignments WHERE reservation_id = ?`),
+    internPolicy: db.prepare("INSERT INTO policies (source, policy, scan_ms, upload_ms, expiry_ms) VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"),
+    policyId: db.prepare("SELECT id FROM policies WHERE source = ? AND policy = ? AND scan_ms = ? AND upload_ms = ? AND expiry_ms = ?").pluck(),
     target: db.prepare(`SELECT ${Codec.targetColumns} FROM targets WHERE id = ?`),
     completeTarget: db.prepare("UPDATE targets SET status = 'completed', completed_at = ? WHERE id = ? AND status = 'in_progress' AND fence = ?"),
     failTarget: db.prepare("UPDATE targets SET status = ? WHERE id = ? AND status = 'in_progress' AND fence = ?"),
