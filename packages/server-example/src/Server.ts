@@ -2,8 +2,8 @@ import { HttpMiddleware, HttpRouter, HttpServer, HttpServerRequest, HttpServerRe
 import type { ServeError } from "@effect/platform/HttpServerError"
 import { NodeHttpServer } from "@effect/platform-node"
 import { LogLine, Operations, type Store } from "@scanfleet/core"
-import { Cause, Context, Deferred, Duration, Effect, Layer, Logger, LogLevel, Ref } from "effect"
-import { createServer } from "node:http"
+import { Cause, Context, Deferred, Duration, Effect, Layer, Logger, LogLevel, Ref, Scheduler } from "effect"
+import { createServer, type Server as HttpNodeServer, type ServerResponse } from "node:http"
 import * as AdminRoutes from "./AdminRoutes.js"
 import { ApiError, toResponse } from "./ApiError.js"
 import * as Console from "./Console.js"
@@ -37,8 +37,31 @@ const metricsRoute = Effect.gen(function* () {
   return HttpServerResponse.text(text, { contentType: m.contentType })
 })
 
+/** The body of `GET /healthz`. */
+const alive = { ok: true, status: "alive" } as const
+
 /** GET /healthz: liveness. The process answers; it checks nothing else, so an orchestrator restarts only a hung process. */
-const healthRoute = Effect.succeed(HttpServerResponse.unsafeJson({ ok: true, status: "alive" }))
+const healthRoute = Effect.succeed(HttpServerResponse.unsafeJson(alive))
+
+/**
+ * Answers `GET /healthz` in the listener itself, before any request fiber is forked: liveness
+ * is that the event loop turns, so a probe never queues behind the requests in flight (during
+ * a burst of hundreds of claims, the fibers' fair share would make it wait for the burst to
+ * finish). Everything else goes on to the router, which has the same route for a server built
+ * from it some other way.
+ */
+const answeringLiveness = (server: HttpNodeServer): HttpNodeServer => {
+  const body = JSON.stringify(alive)
+  const emit = server.emit.bind(server) as (event: string | symbol, ...args: Array<any>) => boolean
+  server.emit = (event: string | symbol, ...args: Array<any>): boolean => {
+    if (event === "request" && args[0].method === "GET" && args[0].url === "/healthz") {
+      ;(args[1] as ServerResponse).writeHead(200, { "content-type": "application/json", "content-length": Buffer.byteLength(body) }).end(body)
+      return true
+    }
+    return emit(event, ...args)
+  }
+  return server
+}
 
 /** GET /readyz: readiness. 200 when the database answers, its schema is current and the sweeper runs; else 503, naming the failed check. */
 const readyRoute = Effect.map(Health.readiness, (r) => HttpServerResponse.unsafeJson(r, { status: r.ready ? 200 : 503 }))
@@ -126,6 +149,47 @@ const drain = Layer.scoped(
   })
 )
 
+/** How long request fibers may run in one turn of the event loop before it polls for I/O again. */
+const sliceMs = 10
+
+/**
+ * A scheduler that runs ready fibers in the event loop's check phase (`setImmediate`), for
+ * at most `ms` per turn, first come first served; what is left runs in the next turn, after
+ * the loop has polled for I/O. Effect's default scheduler runs ready fibers in microtasks
+ * for up to 2,048 rounds before it lets the loop poll, and a turn with hundreds of requests
+ * in flight then lasts seconds: new connections (a `/healthz` probe, a device's claim) wait
+ * in the accept queue meanwhile. Here a turn's fiber work is bounded, so the server accepts
+ * and reads every ~`ms` however many requests it is serving.
+ */
+const turnSliced = (ms: number): Scheduler.Scheduler => {
+  const ready: Array<Scheduler.Task> = []
+  let next = 0
+  let scheduled = false
+  const turn = () => {
+    const end = performance.now() + ms
+    try {
+      while (next < ready.length && performance.now() < end) ready[next++]()
+    } finally {
+      if (next < ready.length) {
+        // what ran is dropped once it is most of the queue, so a long busy spell does not grow it
+        if (next >= 1024 && next * 2 >= ready.length) ready.splice(0, next), (next = 0)
+        setImmediate(turn)
+      } else {
+        ready.length = 0
+        next = 0
+        scheduled = false
+      }
+    }
+  }
+  return Scheduler.make((task) => {
+    ready.push(task)
+    if (!scheduled) {
+      scheduled = true
+      setImmediate(turn)
+    }
+  }, Scheduler.defaultShouldYield)
+}
+
 const logLevels = { debug: LogLevel.Debug, info: LogLevel.Info, warning: LogLevel.Warning, error: LogLevel.Error, none: LogLevel.None } as const
 
 /** Logs on stdout in the one scanfleet schema (`LogLine`: JSON lines, or `pretty`) at the configured level. */
@@ -146,7 +210,7 @@ export const logger = (level: ServerConfig["logLevel"], format: ServerConfig["lo
 export const layer = (
   config: ServerConfig
 ): Layer.Layer<Info | Metrics.Metrics | Store.Store | Operations.Operations | Settings, ServeError, Store.Store | Operations.Operations> => {
-  const listener = NodeHttpServer.layer(() => createServer({ keepAliveTimeout: 5000, requestTimeout: 60_000 }), { host: config.host, port: config.port })
+  const listener = NodeHttpServer.layer(() => answeringLiveness(createServer({ keepAliveTimeout: 5000, requestTimeout: 60_000 })), { host: config.host, port: config.port })
   const info = Layer.effect(
     Info,
     HttpServer.addressWith((address) =>
@@ -158,7 +222,8 @@ export const layer = (
       })
     )
   )
-  const serve = HttpServer.serve(app, accessLog)
+  // Request fibers run on the turn-sliced scheduler below (see `turnSliced`).
+  const serve = Layer.scopedDiscard(Effect.withScheduler(HttpServer.serveEffect(app, accessLog), turnSliced(sliceMs)))
   const running = Layer.mergeAll(serve, info).pipe(Layer.provide(listener), Layer.provide(drain), Layer.provide(Webhooks.layer(config)))
   // The operator port passes through, so co-located fibers (discovery's leases) use the same one.
   const operations = Layer.effect(Operations.Operations, Operations.Operations)

@@ -1,7 +1,7 @@
 import * as Reactivity from "@effect/experimental/Reactivity"
 import { SqlClient, SqlConnection, SqlError, Statement } from "@effect/sql"
 import Sqlite from "better-sqlite3"
-import { Duration, Effect, Schedule, Scope } from "effect"
+import { Duration, Effect, Option, Schedule, Scope } from "effect"
 import { createRequire } from "node:module"
 import { Worker } from "node:worker_threads"
 
@@ -71,11 +71,30 @@ export const make = (options: Options): Effect.Effect<{ readonly client: SqlClie
       }),
       (db) => Effect.sync(() => db.close())
     )
-    const busyTimeout = options.busyTimeout ?? Duration.seconds(5)
+    const busyMs = Duration.toMillis(options.busyTimeout ?? Duration.seconds(5))
+    // While another process holds the write lock, one waiter at a time tries again; the others
+    // queue behind it (first come, first served) and try in turn once it got through. So a lock
+    // held elsewhere costs a try per interval, not a try per waiting operation, each try failing
+    // with an error object: with hundreds of requests waiting, that storm was most of the
+    // process's CPU. A try inside a transaction of this connection cannot meet a lock held
+    // elsewhere (the transaction holds it); should it, it retries alone rather than wait in a
+    // queue whose head needs this connection.
+    const waiters = yield* Effect.makeSemaphore(1)
     // The schedule is built only once a first try found the lock taken: the common path pays nothing for it.
-    const retryBusyWhile = <A>(self: Effect.Effect<A, SqlError.SqlError>, more: (e: SqlError.SqlError) => boolean) =>
-      Effect.catchIf(self, isBusy, () => Effect.retry(self, { while: more, schedule: busySchedule(busyTimeout) }))
-    const retryBusy = <A>(self: Effect.Effect<A, SqlError.SqlError>) => retryBusyWhile(self, isBusy)
+    const retryBusyUntil = <A>(self: Effect.Effect<A, SqlError.SqlError>, until?: number) =>
+      Effect.catchIf(self, isBusy, (first) => {
+        const deadline = Math.min(until ?? Number.POSITIVE_INFINITY, Date.now() + busyMs)
+        const again = Effect.suspend(() =>
+          Effect.retry(self, { while: (e) => isBusy(e) && Date.now() <= deadline, schedule: busySchedule(Math.max(0, deadline - Date.now())) })
+        )
+        if (db.inTransaction) return again
+        return Effect.uninterruptibleMask((restore) =>
+          Effect.flatMap(restore(Effect.timeoutOption(waiters.take(1), Math.max(0, deadline - Date.now()))), (turn) =>
+            Option.isNone(turn) ? Effect.fail(first) : Effect.ensuring(restore(again), waiters.release(1))
+          )
+        )
+      })
+    const retryBusy = <A>(self: Effect.Effect<A, SqlError.SqlError>) => retryBusyUntil(self)
     const attempt = <A>(message: string, f: () => A) =>
       Effect.try({ try: f, catch: (cause) => new SqlError.SqlError({ cause, message }) })
     yield* retryBusy(
@@ -181,8 +200,7 @@ export const make = (options: Options): Effect.Effect<{ readonly client: SqlClie
       db,
       run: (f, o) => {
         const once = permit.withPermits(1)(attempt("Failed to run a transaction", () => f(db)))
-        const until = o?.until
-        return until === undefined ? retryBusy(once) : retryBusyWhile(once, (e) => isBusy(e) && Date.now() <= until)
+        return retryBusyUntil(once, o?.until)
       }
     }
     return { client, database }
