@@ -91,6 +91,8 @@ export const defaultContainment = (): Promise<Containment.Plan> => (detected ??=
 const LOG_TAIL = 60_000
 /** How long the controller waits for the box to empty after the kill before it names survivors. */
 const KILL_WAIT_MS = 1000
+/** How long an exited unit's channel may stay open (a process it left holds it) before the unit is settled without its last messages. */
+const CHANNEL_WAIT_MS = 1000
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms))
 
@@ -139,6 +141,13 @@ export const run = async (opts: Options): Promise<End> => {
       exitInfo = sig ? `signal ${sig}` : `exit code ${code}`
       exited()
     })
+    // The unit's last messages ("staged") may still be unread in the channel when its exit is
+    // seen (on a busy machine they often are), and settling disconnects the channel, dropping
+    // them: the unit then looked as if it had ended without a result. They are all delivered
+    // before the channel closes, so an exit waits for that first.
+    let channelClosed!: () => void
+    const closed = new Promise<void>((r) => (channelClosed = r))
+    child.on("disconnect", () => channelClosed())
     child.on("error", () => {})
 
     const send = (msg: UnitProtocol.ToUnit) => {
@@ -277,9 +286,11 @@ export const run = async (opts: Options): Promise<End> => {
           return
       }
     })
-    void exit.then(() => {
-      if (!ending) void settleNormally()
-    })
+    void exit
+      .then(() => (ending ? undefined : Promise.race([closed, sleep(CHANNEL_WAIT_MS)])))
+      .then(() => {
+        if (!ending) void settleNormally()
+      })
 
     const onStop = () => void kill("stopped")
     opts.signal?.addEventListener("abort", onStop, { once: true })
