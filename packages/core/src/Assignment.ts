@@ -60,8 +60,15 @@ export const issued = (
   policy: EffectivePolicy,
   deadlines: Deadlines
 ): Assignment => ({
-  ...deadlines,
-  ...holder,
+  // Field by field, in the order spreads would give: spreads into a literal are far slower in
+  // V8, and every claim builds one.
+  issuedAt: deadlines.issuedAt,
+  scanDeadline: deadlines.scanDeadline,
+  uploadDeadline: deadlines.uploadDeadline,
+  expiresAt: deadlines.expiresAt,
+  reservationId: holder.reservationId,
+  deviceId: holder.deviceId,
+  slot: holder.slot,
   targetId: t.id,
   source: t.source,
   identity: t.identity,

@@ -75,33 +75,27 @@ export interface Refusal {
 }
 
 /**
- * Appends one event: its sequence must be exactly the next one, and it must be a
- * legal transition (or a recovery of a timeline that has not ended).
+ * Why `e` cannot follow a timeline that left off at `phase` after `lastSeq`, or undefined
+ * when it can: its sequence must be exactly the next one, and it must be a legal
+ * transition (or a recovery of a timeline that has not ended). `append`'s rule, for
+ * callers that keep only where a timeline left off.
  */
-export const append = (t: Timeline, e: Event): Either.Either<Timeline, Refusal> => {
-  if (e.seq !== t.lastSeq + 1)
-    return Either.left({
-      reason: "sequence_gap",
-      seq: e.seq,
-      message: `event sequence ${e.seq} is not the next one (expected ${t.lastSeq + 1})`
-    })
-  if (t.phase !== null && isTerminal(t.phase))
-    return Either.left({ reason: "terminal", seq: e.seq, message: `the timeline already ended in ${t.phase}` })
+export const refuseNext = (phase: Phase | null, lastSeq: number, e: Event): Refusal | undefined => {
+  if (e.seq !== lastSeq + 1) return { reason: "sequence_gap", seq: e.seq, message: `event sequence ${e.seq} is not the next one (expected ${lastSeq + 1})` }
+  if (phase !== null && isTerminal(phase)) return { reason: "terminal", seq: e.seq, message: `the timeline already ended in ${phase}` }
   if (e.kind === "recovered") {
-    if (t.phase === null || e.phase !== t.phase)
-      return Either.left({
-        reason: "illegal_transition",
-        seq: e.seq,
-        message: `a recovered event must name the current phase (${t.phase ?? "none"}), not ${e.phase}`
-      })
-  } else if (!canTransition(t.phase, e.phase)) {
-    return Either.left({
-      reason: "illegal_transition",
-      seq: e.seq,
-      message: `cannot move from ${t.phase ?? "nothing"} to ${e.phase}`
-    })
+    if (phase === null || e.phase !== phase)
+      return { reason: "illegal_transition", seq: e.seq, message: `a recovered event must name the current phase (${phase ?? "none"}), not ${e.phase}` }
+  } else if (!canTransition(phase, e.phase)) {
+    return { reason: "illegal_transition", seq: e.seq, message: `cannot move from ${phase ?? "nothing"} to ${e.phase}` }
   }
-  return Either.right({ events: [...t.events, e], phase: e.phase, lastSeq: e.seq })
+  return undefined
+}
+
+/** Appends one event, under `refuseNext`'s rule. */
+export const append = (t: Timeline, e: Event): Either.Either<Timeline, Refusal> => {
+  const refused = refuseNext(t.phase, t.lastSeq, e)
+  return refused === undefined ? Either.right({ events: [...t.events, e], phase: e.phase, lastSeq: e.seq }) : Either.left(refused)
 }
 
 /** Reduces a sequence of events from the empty timeline, stopping at the first refusal. */

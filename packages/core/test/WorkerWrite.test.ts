@@ -116,6 +116,27 @@ describe("WorkerWrite.planProgress", () => {
   )
 
   it.prop(
+    "an event a batch repeats from its own fresh events is a duplicate accepted at this batch's time when identical and refuses the batch as a conflict when changed",
+    [timeline, fc.nat(), fc.nat(), fc.boolean()],
+    ([events, cut, pick, changed]) => {
+      const k = cut % (events.length + 1)
+      if (k === events.length) return
+      const stored = events.slice(0, k)
+      const a = { reservationId: 1, state: "active", expiresAt: Number.POSITIVE_INFINITY, lastSeq: k, lastPhase: stored[k - 1]?.phase ?? null } as Assignment.Assignment
+      const fresh = events.slice(k).map(({ acceptedAt: _, ...e }) => e)
+      const again = fresh[pick % fresh.length]
+      const now = T0 + 999
+      const r = WorkerWrite.planProgress(a, stored, [...fresh, changed ? { ...again, at: again.at + 1 } : again], now)
+      if (changed) expect(Either.isLeft(r) && r.left).toMatchObject({ _tag: "ProgressRejected", reason: "conflict", seq: again.seq })
+      else {
+        const plan = Either.getOrThrow(r)
+        expect(plan.results[plan.results.length - 1]).toEqual({ seq: again.seq, status: "duplicate", acceptedAt: now })
+        expect(plan.fresh.map((e) => e.seq)).toEqual(fresh.map((e) => e.seq))
+      }
+    }
+  )
+
+  it.prop(
     "a batch whose fresh events the phase model refuses is refused as a whole, and a reservation that is not live refuses fresh events",
     [timeline, fc.constantFrom(...PhaseModel.phases), fc.constantFrom(...Assignment.states)],
     ([events, phase, state]) => {
