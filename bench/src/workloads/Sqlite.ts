@@ -132,10 +132,12 @@ const rawRun = async (s: Shape): Promise<Sample> => {
       for (const r of rows) upsert.run(r[0], r[1], r[2], now)
     })
     for (const c of chunks(Array.from({ length: s.backlog }, (_, i) => i), 10_000)) record.immediate(c.map((i) => ["gitlab", `q/${i}`, null] as const))
-    // claim: the same single-statement pick as the store, plus the reservation row
+    // claim: the same single-statement pick as the store, in the order of the schema's claim index
+    // (targets_claim_idx, partial on pending: an ORDER BY id alone would walk every completed row
+    // at the head of the table), plus the reservation row
     const pick = db.prepare(`
       UPDATE targets SET status = 'in_progress', covered_remote_at = observed_remote_at, fence = fence + 1, last_scan_started_at = ?, attempts = attempts + 1
-      WHERE status = 'pending' AND id = (SELECT id FROM targets WHERE status = 'pending' ORDER BY id LIMIT 1)
+      WHERE status = 'pending' AND id = (SELECT id FROM targets WHERE status = 'pending' ORDER BY id - priority * 10000, id LIMIT 1)
       RETURNING id, source, identity, fence, covered_remote_at`)
     // The reservation references a policy row, as the store's do since migration 0012.
     const policyId = Number(
