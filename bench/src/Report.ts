@@ -69,6 +69,7 @@ export const measure = async (contenders: ReadonlyArray<Contender>, runs: number
         log(`    ${c.name} run ${r + 1}: ${fmt(s.value)}${s.statementsPerUnit !== undefined ? `, ${fmt(s.statementsPerUnit)} stmt/unit` : ""} (${((Date.now() - t0) / 1000).toFixed(1)} s)`)
       } catch (e) {
         const msg = e instanceof Error ? `${e.message}` : String(e)
+        if (process.env.BENCH_TRACE) log(`      ${(e as Error)?.stack ?? e} ${JSON.stringify(e)}`)
         acc[i].errors.push(msg)
         log(`    ${c.name} run ${r + 1}: FAILED ${msg.split("\n")[0]}`)
       }
