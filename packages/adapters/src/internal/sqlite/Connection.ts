@@ -1,7 +1,7 @@
 import * as Reactivity from "@effect/experimental/Reactivity"
 import { SqlClient, SqlConnection, SqlError, Statement } from "@effect/sql"
 import Sqlite from "better-sqlite3"
-import { Duration, Effect, Option, Schedule, Scope } from "effect"
+import { Duration, Effect, Either, Option, Schedule, Scope } from "effect"
 import { createRequire } from "node:module"
 import { Worker } from "node:worker_threads"
 
@@ -35,6 +35,12 @@ export interface Database {
    * comes first; a driver error fails as SqlError.
    */
   readonly run: <A>(f: (db: Sqlite.Database) => A, options?: { readonly until?: number }) => Effect.Effect<A, SqlError.SqlError>
+  /**
+   * Runs `f` at once when nothing can interleave with it (no transaction of the client is
+   * open on the connection) and no other process holds the write lock; `undefined` when it
+   * must wait its turn instead, through `run`.
+   */
+  readonly runNow: <A>(f: (db: Sqlite.Database) => A) => Either.Either<A, SqlError.SqlError> | undefined
 }
 
 const codeOf = (e: unknown): string => (typeof e === "object" && e !== null && typeof (e as { code?: unknown }).code === "string" ? (e as { code: string }).code : "")
@@ -200,11 +206,26 @@ export const make = (options: Options): Effect.Effect<{ readonly client: SqlClie
       beginTransaction: begun,
       spanAttributes: [["db.system.name", "sqlite"]]
     })
+    // With no transaction of the client open on the connection, nothing can interleave with
+    // synchronous work: it runs at once, without taking the permit (what taking it would wait
+    // for is a transaction begun and not yet ended). Only a busy lock goes the queued way.
+    const runNow = <A>(f: (db: Sqlite.Database) => A): Either.Either<A, SqlError.SqlError> | undefined => {
+      if (db.inTransaction) return undefined
+      try {
+        return Either.right(f(db))
+      } catch (cause) {
+        return isBusy(cause) ? undefined : Either.left(new SqlError.SqlError({ cause, message: "Failed to run a transaction" }))
+      }
+    }
     const database: Database = {
       db,
+      runNow,
       run: (f, o) => {
-        const once = permit.withPermits(1)(attempt("Failed to run a transaction", () => f(db)))
-        return retryBusyUntil(once, o?.until)
+        const queued = retryBusyUntil(
+          permit.withPermits(1)(attempt("Failed to run a transaction", () => f(db))),
+          o?.until
+        )
+        return Effect.suspend(() => runNow(f) ?? queued)
       }
     }
     return { client, database }

@@ -1,13 +1,13 @@
-import type { SqlError } from "@effect/sql"
 import type Sqlite from "better-sqlite3"
 import { Effect, Either } from "effect"
-import { Assignment, Claim, Deadline, Errors, Findings, type PhaseModel, Priority, type Store, Target, WorkerWrite } from "@scanfleet/core"
+import { Assignment, Claim, type Config, Deadline, Errors, Findings, type PhaseModel, Priority, type Store, Target, WorkerWrite } from "@scanfleet/core"
 import * as Codec from "../Codec.js"
 import * as Policies from "../Policies.js"
-import { mapped } from "../SqlErrors.js"
+import { mapped, toStoreError } from "../SqlErrors.js"
 import type { Database } from "./Connection.js"
 
 type Row = Record<string, unknown>
+type Values = ReadonlyArray<unknown>
 
 // Ids are integers in every table; anything else can only miss, as in core's model.
 const isId = (n: number) => Number.isSafeInteger(n)
@@ -44,22 +44,26 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
 
   // One better-sqlite3 transaction function per operation, made once: `f` runs inside
   // BEGIN IMMEDIATE ... COMMIT, and a thrown Refusal rolls back and fails with its error.
+  // Run at once when the connection is free (the common case: no Effect steps beyond one),
+  // else in turn, retrying while another process holds the write lock.
   const transaction = <I, A, E>(f: (input: I) => A) => {
     const tx = db.transaction(f)
+    const once = (input: I): Either.Either<A, E> => {
+      try {
+        return Either.right(tx.immediate(input))
+      } catch (e) {
+        if (e instanceof Refusal) return Either.left(e.error as E)
+        throw e
+      }
+    }
+    const queued = (input: I, until?: number): Effect.Effect<A, E | Errors.StoreError> =>
+      mapped(Effect.flatMap(database.run(() => once(input), until === undefined ? undefined : { until }), (r): Effect.Effect<A, E> => r))
     return (input: I, until?: number): Effect.Effect<A, E | Errors.StoreError> =>
-      mapped(
-        Effect.flatMap(
-          database.run((): Either.Either<A, E> => {
-            try {
-              return Either.right(tx.immediate(input))
-            } catch (e) {
-              if (e instanceof Refusal) return Either.left(e.error as E)
-              throw e
-            }
-          }, until === undefined ? undefined : { until }),
-          (r): Effect.Effect<A, E | SqlError.SqlError> => r
-        )
-      )
+      Effect.suspend(() => {
+        const now = database.runNow(() => once(input))
+        if (now === undefined) return queued(input, until)
+        return Either.isRight(now) ? now.right : Effect.fail(toStoreError(now.left))
+      })
   }
 
   const claimTx = transaction<Store.ClaimManyRequest, { readonly issued: ReadonlyArray<Assignment.Assignment>; readonly interned: Policies.Interned | undefined }, Errors.ClaimRejected>(
@@ -87,12 +91,34 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
       )
     )
 
+  // Policy rows never change (a configuration's are interned, then only referenced): decoded once by id.
+  const policyById = new Map<number, Config.EffectivePolicy>()
+  const policyOf = (id: number): Config.EffectivePolicy => {
+    let p = policyById.get(id)
+    if (p === undefined) {
+      p = Codec.json<Config.EffectivePolicy>(st.policy.get(id))
+      if (policyById.size >= 256) policyById.delete(policyById.keys().next().value!)
+      policyById.set(id, p)
+    }
+    return p
+  }
   const loadAssignment = (reservationId: number): Assignment.Assignment | undefined => {
     if (!isId(reservationId)) return undefined
-    const row = st.assignment.get(reservationId) as Row | undefined
-    return row && Codec.assignment(row)
+    const v = st.assignment.get(reservationId) as Values | undefined
+    return v && Codec.assignmentAt(v, 0, policyOf(Number(v[Codec.assignmentPolicyId])))
   }
-  const loadTarget = (id: number) => Codec.target(st.target.get(id) as Row)
+  // A result's reservation, its target and whether the target has open findings, in one read.
+  const loadForResult = (reservationId: number) => {
+    if (!isId(reservationId)) return undefined
+    const v = st.forResult.get(reservationId) as Values | undefined
+    return (
+      v && {
+        a: Codec.assignmentAt(v, 0, policyOf(Number(v[Codec.assignmentPolicyId]))),
+        target: Codec.targetAt(v, Codec.assignmentWidth),
+        openFindings: v[Codec.assignmentWidth + Codec.targetWidth] === 1
+      }
+    )
+  }
 
   // A configuration's policy ids, its rows inserted if absent, in the caller's write transaction.
   function intern(config: Store.ClaimManyRequest["config"]): Policies.Interned {
@@ -109,9 +135,13 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
     // Built only when refused: an error captures a stack trace.
     const unknown = () => new Refusal(new Errors.ClaimRejected({ reason: "unknown_device", message: `device ${req.deviceId} is not registered or was revoked` }))
     if (!isId(req.deviceId)) throw unknown()
-    const d = st.device.get(req.deviceId) as { slots: number; revoked_at: number | null } | undefined
-    if (!d || d.revoked_at !== null) throw unknown()
-    const refused = Claim.refuseSlots(d.slots, st.busySlots.all(req.deviceId) as Array<number>, req.slots)
+    // One row per active reservation of the device (its slot), or one with a null slot when it has none.
+    const held = st.device.all(req.deviceId) as Array<[slots: number, revokedAt: number | null, slot: number | null]>
+    if (held.length === 0 || held[0][1] !== null) throw unknown()
+    const d = { slots: held[0][0] }
+    const busy: Array<number> = []
+    for (const r of held) if (r[2] !== null) busy.push(r[2])
+    const refused = Claim.refuseSlots(d.slots, busy, req.slots)
     if (refused) throw new Refusal(refused)
     const known = policies.get(req.config)
     if (req.slots.length === 0) return { issued: [], interned: undefined }
@@ -122,9 +152,9 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
     const params = filtered ? { now: req.now, sources: req.sources === undefined ? null : JSON.stringify(req.sources), cap: req.sourceCap ?? null } : { now: req.now }
     const issued: Array<Assignment.Assignment> = []
     for (const slot of req.slots) {
-      const row = (filtered ? st.pickFiltered : st.pick).get(params) as Row | undefined
+      const row = (filtered ? st.pickFiltered : st.pick).get(params) as Values | undefined
       if (row === undefined) break
-      const t = Codec.target(row)
+      const t = Codec.targetAt(row, 0)
       const { policy, deadlines } = Deadline.issueFor(req.config, t.source, req.now)
       // every configured source has its row, and Deadline.issueFor above refuses any other
       const policyId = (known ?? (fresh ??= intern(req.config))).bySource.get(t.source)!
@@ -141,14 +171,14 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
 
   // One result, inside the caller's transaction: core judges, then the writes of an accepted result.
   function submitOne(input: Store.ResultInput): Either.Either<Assignment.Receipt, Errors.ReservationRefused> {
-    const a = loadAssignment(input.reservationId)
-    const judged = WorkerWrite.judgeResult(input, a, (x) => loadTarget(x.targetId))
+    const read = loadForResult(input.reservationId)
+    const judged = WorkerWrite.judgeResult(input, read?.a, () => read!.target)
     if (Either.isLeft(judged)) return Either.left(judged.left)
     if (judged.right._tag === "repeat") return Either.right(judged.right.receipt)
     const { receipt, targetStatus, state } = judged.right
-    const x = a!
+    const x = read!.a
     // Nothing written yet: a target whose open findings this result may resolve goes to the slow path.
-    if (st.openFindings.get(x.targetId) !== undefined) throw new Refusal(declined)
+    if (read!.openFindings) throw new Refusal(declined)
     if (targetStatus === "completed") st.completeTarget.run(input.now, x.targetId, x.fence)
     else st.failTarget.run(targetStatus, x.targetId, x.fence)
     st.end.run(state, input.outcome, input.finalPhase, input.now, input.body, x.reservationId)
@@ -219,13 +249,14 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
 const statements = (db: Sqlite.Database) => {
   const claimSet = `status = 'in_progress', covered_remote_at = observed_remote_at, fence = fence + 1, last_scan_started_at = @now, attempts = attempts + 1`
   return {
-    device: db.prepare("SELECT slots, revoked_at FROM devices WHERE id = ?"),
-    busySlots: db.prepare("SELECT slot FROM assignments WHERE device_id = ? AND state = 'active'").pluck(),
+    device: db
+      .prepare("SELECT d.slots, d.revoked_at, a.slot FROM devices d LEFT JOIN assignments a ON a.device_id = d.id AND a.state = 'active' WHERE d.id = ?")
+      .raw(true),
     // core's Claim.claim in one statement on the first pending target in claim order (Priority).
     pick: db.prepare(`
       UPDATE targets SET ${claimSet}
       WHERE status = 'pending' AND id = (SELECT c.id FROM targets c WHERE c.status = 'pending' ORDER BY ${Priority.claimKeySql("c")}, c.id LIMIT 1)
-      RETURNING ${Codec.targetColumns}`),
+      RETURNING ${Codec.targetColumns}`).raw(true),
     pickFiltered: db.prepare(`
       UPDATE targets SET ${claimSet}
       WHERE status = 'pending' AND id = (
@@ -235,19 +266,25 @@ const statements = (db: Sqlite.Database) => {
           AND (@cap IS NULL OR c.source NOT IN (
             SELECT a.source FROM assignments a WHERE a.state = 'active' GROUP BY a.source HAVING count(*) >= @cap))
         ORDER BY ${Priority.claimKeySql("c")}, c.id LIMIT 1)
-      RETURNING ${Codec.targetColumns}`),
+      RETURNING ${Codec.targetColumns}`).raw(true),
     reserve: db.prepare(`
       INSERT INTO assignments (target_id, source, identity, device_id, device_slots, slot, fence, policy_id, covered_remote_at,
         issued_at, scan_deadline, upload_deadline, expires_at, state)
       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active')`),
-    assignment: db.prepare(`SELECT ${Codec.assignmentColumns} FROM assignments WHERE reservation_id = ?`),
+    // Rows of values (`raw`), decoded by position: an object per row costs more than the read.
+    assignment: db.prepare(`SELECT ${Codec.assignmentFields("assignments")} FROM assignments WHERE reservation_id = ?`).raw(true),
+    policy: db.prepare("SELECT policy FROM policies WHERE id = ?").pluck(),
+    forResult: db
+      .prepare(`
+        SELECT ${Codec.assignmentFields("a")}, ${Codec.targetFields("t")},
+          EXISTS (SELECT 1 FROM findings f WHERE f.target_id = a.target_id AND f.status <> 'resolved')
+        FROM assignments a JOIN targets t ON t.id = a.target_id WHERE a.reservation_id = ?`)
+      .raw(true),
     internPolicy: db.prepare("INSERT INTO policies (source, policy, scan_ms, upload_ms, expiry_ms) VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"),
     policyId: db.prepare("SELECT id FROM policies WHERE source = ? AND policy = ? AND scan_ms = ? AND upload_ms = ? AND expiry_ms = ?").pluck(),
-    target: db.prepare(`SELECT ${Codec.targetColumns} FROM targets WHERE id = ?`),
     completeTarget: db.prepare("UPDATE targets SET status = 'completed', completed_at = ? WHERE id = ? AND status = 'in_progress' AND fence = ?"),
     failTarget: db.prepare("UPDATE targets SET status = ? WHERE id = ? AND status = 'in_progress' AND fence = ?"),
     pending: db.prepare("INSERT INTO duration_pending (reservation_id) VALUES (?)"),
-    openFindings: db.prepare("SELECT 1 FROM findings WHERE target_id = ? AND status <> 'resolved' LIMIT 1"),
     end: db.prepare("UPDATE assignments SET state = ?, outcome = ?, final_phase = ?, ended_at = ?, result_body = ? WHERE reservation_id = ?"),
     events: db.prepare("SELECT seq, kind, phase, at, detail, accepted_at FROM progress_events WHERE reservation_id = ? AND seq BETWEEN ? AND ? ORDER BY seq"),
     insertEvent: db.prepare("INSERT INTO progress_events (reservation_id, seq, kind, phase, at, detail, accepted_at) VALUES (?, ?, ?, ?, ?, ?, ?)"),
