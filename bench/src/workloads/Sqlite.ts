@@ -52,7 +52,7 @@ const freshFile = () => {
 
 const scanfleetRun = async (s: Shape): Promise<Sample> => {
   const f = freshFile()
-  const sf = await Scanfleet.openSqlite(f.file)
+  let sf = await Scanfleet.openSqlite(f.file)
   try {
     const now = Date.now()
     const extra: Record<string, number> = {}
@@ -76,9 +76,15 @@ const scanfleetRun = async (s: Shape): Promise<Sample> => {
     const ids = Array.from({ length: s.rows }, (_, i) => i)
     for (const c of chunks(ids, s.batch))
       await sf.run((st) => st.recordObservations(c.map((i) => ({ source: "github" as const, identity: identity(i), remoteAt: now - 10 * DAY + i })), now))
+    // This file's own better-sqlite3 is another copy of SQLite than the store's: two copies must
+    // never have one file open at once (each takes the other's locks for its own, and one truncated
+    // the shared-memory index the other's checkpoint thread was reading: a SIGBUS). So the store
+    // is closed around this connection.
+    await sf.close()
     const db = new Database(f.file)
     db.prepare("UPDATE targets SET status = 'completed', covered_remote_at = observed_remote_at, completed_at = ?, last_scan_started_at = ? WHERE source = 'github'").run(now - 5 * DAY, now - 5 * DAY)
     db.close()
+    sf = await Scanfleet.openSqlite(f.file)
     cost = section(extra, "discovery obs/s (10% newer)")
     t0 = performance.now()
     for (const c of chunks(ids, s.batch))
