@@ -235,24 +235,29 @@ export const make = (options: Options): Effect.Effect<{ readonly client: SqlClie
 // block the writer and keep their page copies and fsyncs off the event loop. A writer
 // that commits all the time outruns them: the log is only started over when a checkpoint
 // has copied every frame before the next commit, so it would grow without end (1.2 GB
-// after 20,000 claims and results). Past `limitFrames` frames a RESTART checkpoint holds
-// new writers off while it copies what the PASSIVE one left (they retry asynchronously),
-// so the next commit starts the log over and cuts the file back (journal_size_limit); it
-// waits for the lock and for readers at most `restartWaitMs`, so a long reader elsewhere
-// costs writers no more than that, and the next turn tries again. Not TRUNCATE: a
+// after 20,000 claims and results). Past `limitFrames` frames, further PASSIVE passes
+// bring what is left under `restartFrames`, then a RESTART checkpoint holds new writers
+// off while it copies that rest (they retry asynchronously), so the next commit starts
+// the log over and cuts the file back (journal_size_limit). Its tries never wait inside
+// SQLite; they go on for at most `restartWaitMs`, so a long reader elsewhere costs
+// writers no more than that, and the next turn tries again. Not TRUNCATE: a
 // truncation by this thread made another connection of the process fail with
 // SQLITE_IOERR_SHORT_READ.
 const checkpointerSource = `
   const { workerData, parentPort } = require("node:worker_threads")
   const Sqlite = require(workerData.module)
   const db = new Sqlite(workerData.filename, { timeout: 0 })
+  const pause = new Int32Array(new SharedArrayBuffer(4))
   const checkpoint = () => {
     try {
-      const [r] = db.pragma("wal_checkpoint(PASSIVE)")
-      if (r !== undefined && r.log > workerData.limitFrames) {
-        db.pragma("busy_timeout = " + workerData.restartWaitMs)
-        try { db.pragma("wal_checkpoint(RESTART)") } finally { db.pragma("busy_timeout = 0") }
-      }
+      let [r] = db.pragma("wal_checkpoint(PASSIVE)")
+      if (r === undefined || r.log <= workerData.limitFrames) return
+      // Catch up first without holding writers off: each pass copies what they added during the one before.
+      for (let i = 0; i < 4 && r.log - r.checkpointed > workerData.restartFrames; i++) [r] = db.pragma("wal_checkpoint(PASSIVE)")
+      // Then RESTART tries that never wait (busy_timeout is 0): SQLite's busy handler sleeps 1, 2, 5,
+      // 10 ms... between its own tries while the writers it holds off wait too (about 35 ms a restart).
+      const t0 = performance.now()
+      while (db.pragma("wal_checkpoint(RESTART)")[0].busy && performance.now() - t0 < workerData.restartWaitMs) Atomics.wait(pause, 0, 0, 0.2)
     } catch {}
   }
   const timer = setInterval(checkpoint, workerData.intervalMs)
@@ -273,7 +278,7 @@ const checkpointer = (db: Sqlite.Database, filename: string) =>
       db.pragma("wal_autocheckpoint = 0")
       const worker = new Worker(checkpointerSource, {
         eval: true,
-        workerData: { module: createRequire(import.meta.url).resolve("better-sqlite3"), filename, intervalMs: 250, limitFrames: walLimitFrames, restartWaitMs: 50 }
+        workerData: { module: createRequire(import.meta.url).resolve("better-sqlite3"), filename, intervalMs: 250, limitFrames: walLimitFrames, restartFrames: 256, restartWaitMs: 50 }
       })
       worker.unref()
       worker.on("error", () => {

@@ -46,7 +46,8 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
   // BEGIN IMMEDIATE ... COMMIT, and a thrown Refusal rolls back and fails with its error.
   // Run at once when the connection is free (the common case: no Effect steps beyond one),
   // else in turn, retrying while another process holds the write lock.
-  const transaction = <I, A, E>(f: (input: I) => A) => {
+  // `after` shapes the committed answer (in the same Effect step on the common path).
+  const transaction = <I, A, E, B = A>(f: (input: I) => A, after?: (a: A, input: I) => B) => {
     const tx = db.transaction(f)
     const once = (input: I): Either.Either<A, E> => {
       try {
@@ -56,20 +57,33 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
         throw e
       }
     }
-    const queued = (input: I, until?: number): Effect.Effect<A, E | Errors.StoreError> =>
-      mapped(Effect.flatMap(database.run(() => once(input), until === undefined ? undefined : { until }), (r): Effect.Effect<A, E> => r))
-    return (input: I, until?: number): Effect.Effect<A, E | Errors.StoreError> =>
+    const shape = after ?? ((a: A) => a as unknown as B)
+    const queued = (input: I, until?: number): Effect.Effect<B, E | Errors.StoreError> =>
+      mapped(Effect.flatMap(database.run(() => once(input), until === undefined ? undefined : { until }), (r) => Either.map(r, (a) => shape(a, input))))
+    return (input: I, until?: number): Effect.Effect<B, E | Errors.StoreError> =>
       Effect.suspend(() => {
         const now = database.runNow(() => once(input))
         if (now === undefined) return queued(input, until)
-        return Either.isRight(now) ? now.right : Effect.fail(toStoreError(now.left))
+        if (Either.isLeft(now)) return Effect.fail(toStoreError(now.left))
+        const r = now.right
+        return Either.isRight(r) ? Effect.succeed(shape(r.right, input)) : Effect.fail(r.left)
       })
   }
 
-  const claimTx = transaction<Store.ClaimManyRequest, { readonly issued: ReadonlyArray<Assignment.Assignment>; readonly interned: Policies.Interned | undefined }, Errors.ClaimRejected>(
-    (req) => claimSlots(req)
-  )
-  const resultTx = transaction<Store.ResultInput, Either.Either<Assignment.Receipt, Errors.ReservationRefused>, Declined>((input) => submitOne(input))
+  // The policy ids a claim interned, remembered once its transaction committed.
+  type Claimed = { readonly issued: ReadonlyArray<Assignment.Assignment>; readonly interned: Policies.Interned | undefined }
+  const issuedBy = (r: Claimed, req: Store.ClaimManyRequest) => {
+    if (r.interned !== undefined) policies.put(req.config, r.interned)
+    return r.issued
+  }
+  const claimTx = transaction<Store.ClaimManyRequest, Claimed, Errors.ClaimRejected, ReadonlyArray<Assignment.Assignment>>(claimSlots, issuedBy)
+  const claimOneTx = transaction<Store.ClaimManyRequest, Claimed, Errors.ClaimRejected, Assignment.Assignment | null>(claimSlots, (r, req) => issuedBy(r, req)[0] ?? null)
+  // A refusal is thrown: nothing was written before the judgement, so rolling back loses nothing.
+  const resultTx = transaction<Store.ResultInput, Assignment.Receipt, Errors.ReservationRefused | Declined>((input) => {
+    const r = submitOne(input)
+    if (Either.isLeft(r)) throw new Refusal(r.left)
+    return r.right
+  })
   const resultsTx = transaction<ReadonlyArray<Store.ResultInput>, ReadonlyArray<Either.Either<Assignment.Receipt, Errors.ReservationRefused>>, Declined>((inputs) => inputs.map(submitOne))
   const progressTx = transaction<
     { readonly auth: Store.Authority; readonly batch: ReadonlyArray<PhaseModel.Event> },
@@ -79,17 +93,14 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
   const recordTx = transaction<{ readonly batch: ReadonlyArray<Target.Observation>; readonly now: number }, Store.RecordResult, never>(({ batch, now }) => record(batch, now))
 
   // A claim waits for another process's write lock no longer than its client does.
-  const claimTransaction = (req: Store.ClaimManyRequest) =>
-    claimTx(req, req.notAfter).pipe(
-      Effect.map(({ issued, interned }) => {
-        if (interned !== undefined) policies.put(req.config, interned)
-        return issued
-      }),
-      Effect.catchIf(
-        (e): e is Errors.StoreError => e._tag === "StoreError" && e.reason === "conflict" && req.notAfter !== undefined && Date.now() > req.notAfter,
-        () => Effect.fail(Claim.deadlinePassed(req.notAfter!))
-      )
+  const claimTransaction = <A>(tx: (req: Store.ClaimManyRequest, until?: number) => Effect.Effect<A, Errors.ClaimRejected | Errors.StoreError>) => (req: Store.ClaimManyRequest) =>
+    Effect.catchIf(
+      tx(req, req.notAfter),
+      (e): e is Errors.StoreError => e._tag === "StoreError" && e.reason === "conflict" && req.notAfter !== undefined && Date.now() > req.notAfter,
+      () => Effect.fail(Claim.deadlinePassed(req.notAfter!))
     )
+  const claimOne = claimTransaction(claimOneTx)
+  const claimMany = claimTransaction(claimTx)
 
   // Policy rows never change (a configuration's are interned, then only referenced): decoded once by id.
   const policyById = new Map<number, Config.EffectivePolicy>()
@@ -131,7 +142,7 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
     return Policies.internedOf(rows, found)
   }
 
-  function claimSlots(req: Store.ClaimManyRequest): { readonly issued: ReadonlyArray<Assignment.Assignment>; readonly interned: Policies.Interned | undefined } {
+  function claimSlots(req: Store.ClaimManyRequest): Claimed {
     // Built only when refused: an error captures a stack trace.
     const unknown = () => new Refusal(new Errors.ClaimRejected({ reason: "unknown_device", message: `device ${req.deviceId} is not registered or was revoked` }))
     if (!isId(req.deviceId)) throw unknown()
@@ -230,12 +241,10 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
   }
 
   return {
-    claim: (req: Store.ClaimRequest) => Effect.map(claimTransaction({ ...req, slots: [req.slot] }), (as) => as[0] ?? null),
-    claimMany: claimTransaction,
+    claim: (req: Store.ClaimRequest) => claimOne({ ...req, slots: [req.slot] }),
+    claimMany,
     submitResult: (input: Store.ResultInput) =>
-      Findings.carriesFindings(input.outcome, input.body)
-        ? slow.submitResult(input)
-        : Effect.flatMap(resultTx(input), (r): Effect.Effect<Assignment.Receipt, Errors.ReservationRefused> => r).pipe(Effect.catchIf(isDeclined, () => slow.submitResult(input))),
+      Findings.carriesFindings(input.outcome, input.body) ? slow.submitResult(input) : Effect.catchIf(resultTx(input), isDeclined, () => slow.submitResult(input)),
     // One transaction for the batch: each result judged after the ones before it, as one at a time;
     // a batch with a result that relates findings goes whole to the slow path, which keeps that order.
     submitResults: (inputs: ReadonlyArray<Store.ResultInput>) =>
