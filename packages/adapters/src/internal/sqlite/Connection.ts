@@ -114,7 +114,7 @@ export const make = (options: Options): Effect.Effect<{ readonly client: SqlClie
       })
     )
 
-    if (options.disableWAL !== true && options.readonly !== true) yield* checkpointer(db, options.filename)
+    const restarts = options.disableWAL !== true && options.readonly !== true ? yield* checkpointer(db, options.filename) : noRestarts
 
     // The text @effect/sql sends to begin a transaction that the acquirer has already begun.
     const begun = "-- begun by the transaction acquirer"
@@ -210,7 +210,7 @@ export const make = (options: Options): Effect.Effect<{ readonly client: SqlClie
     // synchronous work: it runs at once, without taking the permit (what taking it would wait
     // for is a transaction begun and not yet ended). Only a busy lock goes the queued way.
     const runNow = <A>(f: (db: Sqlite.Database) => A): Either.Either<A, SqlError.SqlError> | undefined => {
-      if (db.inTransaction) return undefined
+      if (db.inTransaction || restarts.pending()) return undefined
       try {
         return Either.right(f(db))
       } catch (cause) {
@@ -225,7 +225,8 @@ export const make = (options: Options): Effect.Effect<{ readonly client: SqlClie
           permit.withPermits(1)(attempt("Failed to run a transaction", () => f(db))),
           o?.until
         )
-        return Effect.suspend(() => runNow(f) ?? queued)
+        // While the checkpoint thread restarts the log, wait for it rather than contend for the lock.
+        return Effect.suspend(() => runNow(f) ?? (restarts.pending() ? Effect.zipRight(restarts.ended, queued) : queued))
       }
     }
     return { client, database }
@@ -236,28 +237,37 @@ export const make = (options: Options): Effect.Effect<{ readonly client: SqlClie
 // that commits all the time outruns them: the log is only started over when a checkpoint
 // has copied every frame before the next commit, so it would grow without end (1.2 GB
 // after 20,000 claims and results). Past `limitFrames` frames, further PASSIVE passes
-// bring what is left under `restartFrames`, then a RESTART checkpoint holds new writers
-// off while it copies that rest (they retry asynchronously), so the next commit starts
-// the log over and cuts the file back (journal_size_limit). Its tries never wait inside
-// SQLite; they go on for at most `restartWaitMs`, so a long reader elsewhere costs
-// writers no more than that, and the next turn tries again. Not TRUNCATE: a
+// bring what is left under `restartFrames`, then a RESTART checkpoint copies that rest,
+// so the next commit starts the log over and cuts the file back (journal_size_limit).
+// Meanwhile `flag` is up: this process's writer starts no transaction and waits for it to
+// drop (Atomics.waitAsync), instead of failing on the lock and backing off. Its tries
+// never sleep in SQLite's busy handler (which slept 1, 2, 5, 10 ms between tries while
+// holding writers off, about 35 ms a restart); they go on for at most `restartWaitMs`,
+// so a long reader elsewhere costs writers no more than that, and the next turn tries
+// again. Not TRUNCATE: a
 // truncation by this thread made another connection of the process fail with
 // SQLITE_IOERR_SHORT_READ.
 const checkpointerSource = `
   const { workerData, parentPort } = require("node:worker_threads")
   const Sqlite = require(workerData.module)
   const db = new Sqlite(workerData.filename, { timeout: 0 })
-  const pause = new Int32Array(new SharedArrayBuffer(4))
+  const flag = workerData.flag
   const checkpoint = () => {
     try {
       let [r] = db.pragma("wal_checkpoint(PASSIVE)")
       if (r === undefined || r.log <= workerData.limitFrames) return
-      // Catch up first without holding writers off: each pass copies what they added during the one before.
+      // Catch up first without holding the writer off: each pass copies what it added during the one before.
       for (let i = 0; i < 4 && r.log - r.checkpointed > workerData.restartFrames; i++) [r] = db.pragma("wal_checkpoint(PASSIVE)")
-      // Then RESTART tries that never wait (busy_timeout is 0): SQLite's busy handler sleeps 1, 2, 5,
-      // 10 ms... between its own tries while the writers it holds off wait too (about 35 ms a restart).
-      const t0 = performance.now()
-      while (db.pragma("wal_checkpoint(RESTART)")[0].busy && performance.now() - t0 < workerData.restartWaitMs) Atomics.wait(pause, 0, 0, 0.2)
+      // The writer of this process starts no transaction while the flag is up (it waits for the
+      // flag to drop), so a try fails only on a transaction already under way or on another process.
+      Atomics.store(flag, 0, 1)
+      try {
+        const t0 = performance.now()
+        while (db.pragma("wal_checkpoint(RESTART)")[0].busy && performance.now() - t0 < workerData.restartWaitMs) Atomics.wait(flag, 0, 1, 0.5)
+      } finally {
+        Atomics.store(flag, 0, 0)
+        Atomics.notify(flag, 0)
+      }
     } catch {}
   }
   const timer = setInterval(checkpoint, workerData.intervalMs)
@@ -272,27 +282,58 @@ export const walLimitFrames = 8000
  * turned off on this connection and a worker thread checkpoints every 250 ms instead;
  * should the thread fail, the automatic checkpoint is turned back on.
  */
-const checkpointer = (db: Sqlite.Database, filename: string) =>
-  Effect.acquireRelease(
-    Effect.sync(() => {
-      db.pragma("wal_autocheckpoint = 0")
-      const worker = new Worker(checkpointerSource, {
-        eval: true,
-        workerData: { module: createRequire(import.meta.url).resolve("better-sqlite3"), filename, intervalMs: 250, limitFrames: walLimitFrames, restartFrames: 256, restartWaitMs: 50 }
-      })
-      worker.unref()
-      worker.on("error", () => {
-        if (db.open) db.pragma("wal_autocheckpoint = 1000")
-      })
-      return worker
-    }),
-    (worker) =>
-      Effect.async<void>((resume) => {
-        const timer = setTimeout(() => void worker.terminate().finally(() => resume(Effect.void)), 2000)
-        worker.once("exit", () => {
-          clearTimeout(timer)
+const checkpointer = (db: Sqlite.Database, filename: string): Effect.Effect<Restarts, never, Scope.Scope> =>
+  Effect.map(
+    Effect.acquireRelease(
+      Effect.sync(() => {
+        db.pragma("wal_autocheckpoint = 0")
+        const flag = new Int32Array(new SharedArrayBuffer(4))
+        const worker = new Worker(checkpointerSource, {
+          eval: true,
+          workerData: { module: createRequire(import.meta.url).resolve("better-sqlite3"), filename, flag, intervalMs: 250, limitFrames: walLimitFrames, restartFrames: 256, restartWaitMs: 50 }
+        })
+        worker.unref()
+        worker.on("error", () => {
+          Atomics.store(flag, 0, 0)
+          if (db.open) db.pragma("wal_autocheckpoint = 1000")
+        })
+        return { worker, flag }
+      }),
+      ({ worker }) =>
+        Effect.async<void>((resume) => {
+          const timer = setTimeout(() => void worker.terminate().finally(() => resume(Effect.void)), 2000)
+          worker.once("exit", () => {
+            clearTimeout(timer)
+            resume(Effect.void)
+          })
+          worker.postMessage("stop")
+        })
+    ),
+    ({ flag }): Restarts => ({
+      pending: () => Atomics.load(flag, 0) === 1,
+      // Woken when the thread clears the flag; never later than its own bound (plus a margin).
+      ended: Effect.async<void>((resume) => {
+        const w = (Atomics as unknown as AtomicsWaitAsync).waitAsync(flag, 0, 1, 100)
+        if (!w.async) return resume(Effect.void)
+        // A pending waitAsync alone keeps no event loop alive: a timer does, until it settles.
+        const alive = setTimeout(() => {}, 200)
+        void (w.value as Promise<string>).then(() => {
+          clearTimeout(alive)
           resume(Effect.void)
         })
-        worker.postMessage("stop")
       })
+    })
   )
+
+/** The checkpoint thread's RESTART, seen from the writer: whether one is under way, and its end. */
+interface Restarts {
+  readonly pending: () => boolean
+  readonly ended: Effect.Effect<unknown>
+}
+
+// Node 20 has Atomics.waitAsync; the project's TypeScript library (ES2022) does not declare it.
+interface AtomicsWaitAsync {
+  readonly waitAsync: (a: Int32Array, index: number, value: number, timeoutMs: number) => { readonly async: boolean; readonly value: Promise<string> | string }
+}
+
+const noRestarts: Restarts = { pending: () => false, ended: Effect.void }
