@@ -37,8 +37,8 @@ export interface Database {
   readonly run: <A>(f: (db: Sqlite.Database) => A, options?: { readonly until?: number }) => Effect.Effect<A, SqlError.SqlError>
   /**
    * Runs `f` at once when nothing can interleave with it (no transaction of the client is
-   * open on the connection), the checkpoint thread is not restarting the log, and no other
-   * process holds the write lock; `undefined` when it must wait its turn instead, through `run`.
+   * open on the connection) and no other process holds the write lock; `undefined` when it
+   * must wait its turn instead, through `run`.
    */
   readonly runNow: <A>(f: (db: Sqlite.Database) => A) => Either.Either<A, SqlError.SqlError> | undefined
 }
@@ -208,8 +208,7 @@ export const make = (options: Options): Effect.Effect<{ readonly client: SqlClie
     })
     // With no transaction of the client open on the connection, nothing can interleave with
     // synchronous work: it runs at once, without taking the permit (what taking it would wait
-    // for is a transaction begun and not yet ended). A log restart under way or a busy lock
-    // sends it the queued way.
+    // for is a transaction begun and not yet ended). Only a busy lock goes the queued way.
     const runNow = <A>(f: (db: Sqlite.Database) => A): Either.Either<A, SqlError.SqlError> | undefined => {
       if (db.inTransaction || restarts.pending()) return undefined
       try {
@@ -245,8 +244,9 @@ export const make = (options: Options): Effect.Effect<{ readonly client: SqlClie
 // never sleep in SQLite's busy handler (which slept 1, 2, 5, 10 ms between tries while
 // holding writers off, about 35 ms a restart); they go on for at most `restartWaitMs`,
 // so a long reader elsewhere costs writers no more than that, and the next turn tries
-// again. Not TRUNCATE: a truncation by this thread made another connection of the
-// process fail with SQLITE_IOERR_SHORT_READ.
+// again. Not TRUNCATE: a
+// truncation by this thread made another connection of the process fail with
+// SQLITE_IOERR_SHORT_READ.
 const checkpointerSource = `
   const { workerData, parentPort } = require("node:worker_threads")
   const Sqlite = require(workerData.module)
