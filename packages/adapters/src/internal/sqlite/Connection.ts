@@ -293,8 +293,6 @@ const checkpointer = (db: Sqlite.Database, filename: string): Effect.Effect<Rest
           workerData: { module: createRequire(import.meta.url).resolve("better-sqlite3"), filename, flag, intervalMs: 250, limitFrames: walLimitFrames, restartFrames: 256, restartWaitMs: 50 }
         })
         worker.unref()
-        // A thread that ended, however, holds no writer off.
-        worker.on("exit", () => Atomics.store(flag, 0, 0))
         worker.on("error", () => {
           Atomics.store(flag, 0, 0)
           if (db.open) db.pragma("wal_autocheckpoint = 1000")
