@@ -62,4 +62,34 @@ describe("prepared hot statements on PostgreSQL", () => {
       await client.end()
     }
   })
+
+  it("a statement is prepared again each time its runs double from 16, so a plan made on an empty table does not outlive the table's growth", async () => {
+    const client = new PreparingClient({ connectionString: inject("pgUrl") })
+    await client.connect()
+    const table = `grows_${process.pid}_${Date.now()}`
+    const text = `${marker}SELECT v FROM ${table} WHERE id = ANY ($1::int[])`
+    const run = (ids: ReadonlyArray<number>) =>
+      new Promise<pg.QueryResult>((resolve, reject) => client.query(text, [ids], (err: Error | null, res: pg.QueryResult) => (err ? reject(err) : resolve(res))))
+    // The plan of the one prepared statement of this text, as PostgreSQL would run it now.
+    const plan = async () => {
+      const { rows } = await client.query("SELECT name FROM pg_prepared_statements WHERE statement = $1", [text])
+      expect(rows.length).toBe(1) // the superseded generation was deallocated
+      const explained = await client.query(`EXPLAIN EXECUTE "${rows[0].name}"('{1,2}')`)
+      return explained.rows.map((r) => r["QUERY PLAN"] as string).join("\n")
+    }
+    try {
+      await client.query(`CREATE TABLE ${table} (id int PRIMARY KEY, v text) WITH (autovacuum_enabled = false)`)
+      await client.query(`INSERT INTO ${table} VALUES (1, 'a'), (2, 'b')`)
+      await client.query(`ANALYZE ${table}`)
+      for (let i = 0; i < 8; i++) expect((await run([1, 2])).rows.length).toBe(2)
+      expect(await plan()).toContain("Seq Scan")
+      // The table grows a thousandfold without an analyse, as a fresh fleet's reservations do in their first minute.
+      await client.query(`INSERT INTO ${table} SELECT g, 'x' FROM generate_series(3, 200000) g`)
+      for (let i = 0; i < 16; i++) expect((await run([1, 2])).rows.length).toBe(2)
+      expect(await plan()).toContain(`Index Scan using ${table}_pkey`)
+    } finally {
+      await client.query(`DROP TABLE IF EXISTS ${table}`)
+      await client.end()
+    }
+  })
 })
