@@ -75,7 +75,7 @@ describe("prepared hot statements on PostgreSQL", () => {
       const { rows } = await client.query("SELECT name FROM pg_prepared_statements WHERE statement = $1", [text])
       expect(rows.length).toBe(1) // the superseded generation was deallocated
       const explained = await client.query(`EXPLAIN EXECUTE "${rows[0].name}"('{1,2}')`)
-      return explained.rows.map((r) => r["QUERY PLAN"] as string).join("\n")
+      return explained.rows.map((r: Record<string, string>) => r["QUERY PLAN"]).join("\n")
     }
     try {
       await client.query(`CREATE TABLE ${table} (id int PRIMARY KEY, v text) WITH (autovacuum_enabled = false)`)
