@@ -1,4 +1,4 @@
-import { Deferred, Effect, Exit } from "effect"
+import { Effect, Exit } from "effect"
 
 /**
  * Merges concurrent calls of one operation into batches: a call made while fewer than
@@ -8,9 +8,13 @@ import { Deferred, Effect, Exit } from "effect"
  * `run` answers every item of its batch, in order, each with its own exit; a failure
  * of the whole batch answers each item with that failure.
  *
- * `split` says whether an item may join a batch already holding `batch`; an item that
+ * `fits` says whether an item may join a batch already holding `batch`; an item that
  * may not waits for the next one (two results of one reservation never share a batch).
  * An interrupted caller stops waiting; its item still runs with its batch.
+ *
+ * A caller waits on a callback of its own and a lane is one fiber for as long as batches
+ * follow each other: no Deferred per call (making one cost about 12 µs of client CPU per job
+ * in workload 1 of the bench) and no fiber per batch.
  */
 export const make = <I, A, E>(options: {
   readonly max: number
@@ -18,7 +22,9 @@ export const make = <I, A, E>(options: {
   readonly run: (batch: ReadonlyArray<I>) => Effect.Effect<ReadonlyArray<Exit.Exit<A, E>>, E>
   readonly fits?: (item: I, batch: ReadonlyArray<I>) => boolean
 }): ((item: I) => Effect.Effect<A, E>) => {
-  type Waiting = { readonly item: I; readonly done: Deferred.Deferred<A, E> }
+  // A caller's place in the queue: its answer goes to `resume` once it waits, or is kept in
+  // `exit` if its batch ends first; an interrupted caller's answer is dropped.
+  type Waiting = { readonly item: I; resume: ((exit: Exit.Exit<A, E>) => void) | undefined; exit: Exit.Exit<A, E> | undefined; gone: boolean }
   let queue: Array<Waiting> = []
   let running = 0
   const lanes = Math.max(1, options.inFlight ?? 1)
@@ -37,6 +43,12 @@ export const make = <I, A, E>(options: {
     return batch
   }
 
+  const answer = (w: Waiting, exit: Exit.Exit<A, E>) => {
+    if (w.gone) return
+    if (w.resume !== undefined) w.resume(exit)
+    else w.exit = exit
+  }
+
   // One lane: a batch at a time, until the queue is empty; each answer goes to its own caller.
   const drain: Effect.Effect<void> = Effect.suspend(() => {
     const batch = take()
@@ -44,23 +56,31 @@ export const make = <I, A, E>(options: {
       running--
       return Effect.void
     }
-    return Effect.exit(options.run(batch.map((w) => w.item))).pipe(
-      Effect.flatMap((exit) =>
-        Effect.forEach(
-          batch,
-          (w, i) => Deferred.done(w.done, Exit.isSuccess(exit) ? (exit.value[i] ?? Exit.die(new Error("a batch left an item unanswered"))) : Exit.failCause(exit.cause)),
-          { discard: true }
-        )
-      ),
-      Effect.zipRight(drain)
-    )
+    return Effect.flatMap(Effect.exit(options.run(batch.map((w) => w.item))), (exit) => {
+      batch.forEach((w, i) =>
+        answer(w, Exit.isSuccess(exit) ? (exit.value[i] ?? Exit.die(new Error("a batch left an item unanswered"))) : Exit.failCause(exit.cause))
+      )
+      return drain
+    })
   })
 
+  const wait = (w: Waiting) =>
+    Effect.async<A, E>((resume) => {
+      if (w.exit !== undefined) return resume(w.exit)
+      w.resume = resume
+      return Effect.sync(() => {
+        w.gone = true
+      })
+    })
+
+  // The caller joins the queue before any lane looks at it; the first callers while fewer than
+  // `lanes` run start one (a fiber per lane, not per call).
   return (item) =>
-    Effect.flatMap(Deferred.make<A, E>(), (done) => {
-      queue.push({ item, done })
-      if (running >= lanes) return Deferred.await(done)
+    Effect.suspend(() => {
+      const w: Waiting = { item, resume: undefined, exit: undefined, gone: false }
+      queue.push(w)
+      if (running >= lanes) return wait(w)
       running++
-      return Effect.zipRight(Effect.forkDaemon(drain), Deferred.await(done))
+      return Effect.zipRight(Effect.forkDaemon(drain), wait(w))
     })
 }
