@@ -73,20 +73,18 @@ describe("merged calls (Coalesce)", () => {
       expect(c).toEqual(Exit.succeed(30))
     }))
 
-  it.effect("an interrupted caller stops waiting; its item still runs with its batch and the others are answered", () =>
+  it.effect("a caller interrupted while its batch runs stops waiting; the item runs with its batch and the others are answered", () =>
     Effect.gen(function* () {
       const gate = yield* Deferred.make<void>()
       const { batches, call } = recorder({ max: 8, gate })
-      const first = yield* Effect.fork(call(0))
+      const leaving = yield* Effect.fork(call(0))
+      const staying = yield* Effect.fork(call(1))
       yield* Effect.yieldNow()
-      const leaving = yield* Effect.fork(call(1))
-      const staying = yield* Effect.fork(call(2))
       yield* Effect.yieldNow()
+      expect(batches).toEqual([[0, 1]])
       yield* Fiber.interrupt(leaving)
       yield* Deferred.succeed(gate, undefined)
-      expect(yield* Fiber.join(first)).toBe(0)
-      expect(yield* Fiber.join(staying)).toBe(20)
-      expect(batches).toEqual([[0], [1, 2]])
+      expect(yield* Fiber.join(staying)).toBe(10)
     }))
 
   it.effect("with two lanes, two calls run side by side and later ones wait for either", () =>
@@ -111,5 +109,38 @@ describe("merged calls (Coalesce)", () => {
       expect(yield* Fiber.join(all)).toEqual([0, 10, 20, 30])
       expect(batches.slice(0, 2)).toEqual([[0], [1]])
       expect(batches.slice(2).flat().sort()).toEqual([2, 3])
+    }))
+
+  it.effect("a batch whose run throws while it builds its effect answers each of its callers with the defect, and later calls are still answered", () =>
+    Effect.gen(function* () {
+      const ran: Array<ReadonlyArray<number>> = []
+      const call = Coalesce.make<number, number, string>({
+        max: 8,
+        run: (batch) => {
+          ran.push(batch)
+          if (batch.includes(7)) throw new Error("cannot build this statement")
+          return Effect.succeed(batch.map((i) => Exit.succeed(i)))
+        }
+      })
+      const failed = yield* Effect.exit(call(7))
+      expect(Exit.isFailure(failed) && failed.cause._tag === "Die").toBe(true)
+      expect(yield* call(1).pipe(Effect.timeout("2 seconds"))).toBe(1)
+      expect(ran).toEqual([[7], [1]])
+    }))
+
+  it.effect("a caller interrupted while its item is still queued takes the item out: it never runs", () =>
+    Effect.gen(function* () {
+      const gate = yield* Deferred.make<void>()
+      const { batches, call } = recorder({ max: 8, gate })
+      const first = yield* Effect.fork(call(0))
+      yield* Effect.yieldNow()
+      const leaving = yield* Effect.fork(call(1))
+      const staying = yield* Effect.fork(call(2))
+      yield* Effect.yieldNow()
+      yield* Fiber.interrupt(leaving)
+      yield* Deferred.succeed(gate, undefined)
+      expect(yield* Fiber.join(first)).toBe(0)
+      expect(yield* Fiber.join(staying)).toBe(20)
+      expect(batches).toEqual([[0], [2]])
     }))
 })

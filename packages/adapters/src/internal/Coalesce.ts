@@ -10,7 +10,8 @@ import { Effect, Exit } from "effect"
  *
  * `fits` says whether an item may join a batch already holding `batch`; an item that
  * may not waits for the next one (two results of one reservation never share a batch).
- * An interrupted caller stops waiting; its item still runs with its batch.
+ * An interrupted caller stops waiting: its item leaves the queue if no batch took it yet, and
+ * otherwise runs with its batch, its answer dropped.
  *
  * A caller waits on a callback of its own and a lane is one fiber for as long as batches
  * follow each other: no Deferred per call (making one cost about 12 µs of client CPU per job
@@ -56,7 +57,8 @@ export const make = <I, A, E>(options: {
       running--
       return Effect.void
     }
-    return Effect.flatMap(Effect.exit(options.run(batch.map((w) => w.item))), (exit) => {
+    // run inside suspend: a throw while it builds its effect is a defect of the batch, answered to each caller, not the lane's end
+    return Effect.flatMap(Effect.exit(Effect.suspend(() => options.run(batch.map((w) => w.item)))), (exit) => {
       batch.forEach((w, i) =>
         answer(w, Exit.isSuccess(exit) ? (exit.value[i] ?? Exit.die(new Error("a batch left an item unanswered"))) : Exit.failCause(exit.cause))
       )
@@ -68,19 +70,26 @@ export const make = <I, A, E>(options: {
     Effect.async<A, E>((resume) => {
       if (w.exit !== undefined) return resume(w.exit)
       w.resume = resume
+      // Interrupted: an item still queued leaves the queue and never runs; one in a batch runs, unanswered.
       return Effect.sync(() => {
         w.gone = true
+        const at = queue.indexOf(w)
+        if (at >= 0) queue.splice(at, 1)
       })
     })
 
   // The caller joins the queue before any lane looks at it; the first callers while fewer than
-  // `lanes` run start one (a fiber per lane, not per call).
+  // `lanes` run start one (a fiber per lane, not per call). Joining, counting the lane and
+  // starting it cannot be interrupted apart: a lane counted but never started would be lost
+  // for good, and with every lane lost no call would be answered again.
   return (item) =>
-    Effect.suspend(() => {
-      const w: Waiting = { item, resume: undefined, exit: undefined, gone: false }
-      queue.push(w)
-      if (running >= lanes) return wait(w)
-      running++
-      return Effect.zipRight(Effect.forkDaemon(drain), wait(w))
-    })
+    Effect.uninterruptibleMask((restore) =>
+      Effect.suspend(() => {
+        const w: Waiting = { item, resume: undefined, exit: undefined, gone: false }
+        queue.push(w)
+        if (running >= lanes) return restore(wait(w))
+        running++
+        return Effect.zipRight(Effect.forkDaemon(Effect.interruptible(drain)), restore(wait(w)))
+      })
+    )
 }
