@@ -64,4 +64,47 @@ describe("postgres query plans use the partial indexes made for them", () => {
       expect(promote).toContain("targets_promotion_idx")
       expect(expire).toContain("assignments_active_expiry_idx")
     }).pipe(Effect.scoped), 60_000)
+
+  it.live("the merged claim's generic plan scans the claim index, and a claim of one target locks one target, not the inner LIMIT's 64", () =>
+    Effect.gen(function* () {
+      const name = yield* schema(inject("pgUrl"))
+      const url = urlFor(inject("pgUrl"), name)
+      const wire = capturing(url)
+      const store = yield* Effect.provide(PgStore.make, yield* Layer.build(wire.layer))
+      // A queue of 60,000. The claim's inner LIMIT is a literal, so even the generic plan (the one a
+      // prepared statement keeps) is planned for a few rows, not for a tenth of the queue.
+      for (let k = 0; k < 6; k++)
+        yield* store.recordObservations(Array.from({ length: 10_000 }, (_, i) => ({ source: "github" as const, identity: `q/${k}-${i}`, remoteAt: T0 - DAY })), T0)
+      yield* Effect.promise(async () => {
+        const c = new pg.Client({ connectionString: url })
+        await c.connect()
+        await c.query("ANALYZE targets")
+        await c.end()
+      })
+      const device = yield* store.addDevice({ name: "d", slots: 1, tokenHash: "h", now: T0 })
+      const from = wire.sent.length
+      expect(yield* store.claim({ deviceId: device.id, slot: 0, now: T0, config: Config.defaults })).not.toBeNull()
+      const claim = find(wire.sent.slice(from), /SET\s+status = 'in_progress'/)
+      const [generic, run] = yield* Effect.promise(async () => {
+        const c = new pg.Client({ connectionString: url })
+        await c.connect()
+        try {
+          const plan = async (q: string, values?: Array<unknown>) =>
+            (await c.query(q, values)).rows.map((r: Record<string, string>) => r["QUERY PLAN"]).join("\n")
+          const generic = await plan(`EXPLAIN (GENERIC_PLAN) ${claim.text}`)
+          // Run for real (rolled back) to count the rows it locked; the device's slot is taken, so free it first.
+          await c.query("BEGIN")
+          await c.query("UPDATE assignments SET state = 'completed'")
+          const run = await plan(`EXPLAIN (ANALYZE, TIMING OFF, COSTS OFF) ${claim.text}`, claim.values as Array<unknown>)
+          await c.query("ROLLBACK")
+          return [generic, run] as const
+        } finally {
+          await c.end()
+        }
+      })
+      console.log(`merged claim, generic plan:\n${generic}\n\nrun:\n${run}`)
+      expect(generic).toContain("targets_claim_idx")
+      expect(generic).not.toMatch(/Seq Scan on targets/)
+      expect(run).toMatch(/LockRows \(actual rows=1(\.00)? loops=1\)/)
+    }).pipe(Effect.scoped), 60_000)
 })

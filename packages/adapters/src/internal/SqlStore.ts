@@ -660,9 +660,11 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
               SELECT ok.*, row_number() OVER (ORDER BY ok.ord) AS k FROM ok
               WHERE NOT ${whole}::bool OR (SELECT count(*) FROM ok) = (SELECT count(*) FROM req)
             ), pick AS (
-              SELECT c.id, row_number() OVER (ORDER BY ${sql.literal(Priority.claimKeySql("c"))}, c.id) AS k FROM (
-                SELECT c.id, c.priority FROM targets c WHERE c.status = 'pending' AND c.source = ANY (${sources}::text[])
-                ORDER BY ${sql.literal(Priority.claimKeySql("c"))}, c.id LIMIT (SELECT count(*) FROM g) FOR UPDATE SKIP LOCKED) c
+              SELECT c.id, row_number() OVER (ORDER BY c.key, c.id) AS k FROM (
+                SELECT c.id, c.key FROM (
+                  SELECT c.id, ${sql.literal(Priority.claimKeySql("c"))} AS key FROM targets c WHERE c.status = 'pending' AND c.source = ANY (${sources}::text[])
+                  ORDER BY key, c.id LIMIT ${sql.literal(String(claimBound(reqs.length)))} FOR UPDATE SKIP LOCKED) c
+                LIMIT (SELECT count(*) FROM g)) c
             ), t AS (
               UPDATE targets SET status = 'in_progress', covered_remote_at = observed_remote_at, fence = fence + 1,
                 last_scan_started_at = g.now, attempts = attempts + 1
@@ -708,6 +710,14 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
 
   return store
 })
+
+// The claim statement's inner LIMIT, a literal: PostgreSQL plans a LIMIT it cannot read (a
+// parameter, a subquery) as a tenth of the rows, and at millions of pending targets that plan is a
+// sequential scan and a sort of the whole queue (1,600 buffers a claim, seen in the soak). With a
+// small literal the plan is the claim index's scan; the outer LIMIT, the statement's real count,
+// stops that scan (it takes the inner rows in their order; an ORDER BY there would sort, pulling and
+// locking all of them), so no row past it is locked. One text up to 64 requests, one per power of two past.
+const claimBound = (n: number): number => (n <= 64 ? 64 : 2 ** Math.ceil(Math.log2(n)))
 
 // Sources in a request: absent means all of them.
 const sameSources = (a: ReadonlyArray<Source.Source> | undefined, b: ReadonlyArray<Source.Source> | undefined) =>
