@@ -30,13 +30,18 @@ const find = (sent: ReadonlyArray<Sent>, pattern: RegExp) => {
   return q
 }
 
+// A store on a fresh schema whose statements are captured as sent.
+const capturedStore = Effect.gen(function* () {
+  const url = urlFor(inject("pgUrl"), yield* schema(inject("pgUrl")))
+  const wire = capturing(url)
+  const store = yield* Effect.provide(PgStore.make, yield* Layer.build(wire.layer))
+  return { url, wire, store }
+})
+
 describe("postgres query plans use the partial indexes made for them", () => {
   it.live("claim, promotion and expiry each use their index (plans are printed)", () =>
     Effect.gen(function* () {
-      const name = yield* schema(inject("pgUrl"))
-      const url = urlFor(inject("pgUrl"), name)
-      const wire = capturing(url)
-      const store = yield* Effect.provide(PgStore.make, yield* Layer.build(wire.layer))
+      const { url, wire, store } = yield* capturedStore
       // a realistic shape: 50,000 targets, 1% pending, the rest completed and half of those changed since
       yield* store.recordObservations(Array.from({ length: 50_000 }, (_, i) => ({ source: i % 2 ? "github" : "gitlab", identity: `t/${i}`, remoteAt: T0 - DAY })), T0)
       yield* Effect.promise(async () => {
@@ -67,10 +72,7 @@ describe("postgres query plans use the partial indexes made for them", () => {
 
   it.live("the merged claim's generic plan scans the claim index, and a claim of one target locks one target, not the inner LIMIT's 64", () =>
     Effect.gen(function* () {
-      const name = yield* schema(inject("pgUrl"))
-      const url = urlFor(inject("pgUrl"), name)
-      const wire = capturing(url)
-      const store = yield* Effect.provide(PgStore.make, yield* Layer.build(wire.layer))
+      const { url, wire, store } = yield* capturedStore
       // A queue of 60,000. The claim's inner LIMIT is a literal, so even the generic plan (the one a
       // prepared statement keeps) is planned for a few rows, not for a tenth of the queue.
       for (let k = 0; k < 6; k++)

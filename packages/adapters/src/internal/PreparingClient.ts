@@ -24,9 +24,8 @@ const nameOf = (text: string): string => {
   return name
 }
 
+// A statement's server-side name is its text's name and the generation of its plan.
 interface Prepared {
-  /** The statement's server-side name: its text's name and the generation of its plan. */
-  name: string
   generation: number
   runs: number
   replanAt: number
@@ -46,19 +45,18 @@ export class PreparingClient extends Pg.Client {
       const base = nameOf(text)
       let p = this.#prepared.get(base)
       if (p === undefined && this.#prepared.size < perConnection) {
-        p = { name: `${base}_0`, generation: 0, runs: 0, replanAt: firstReplan }
+        p = { generation: 0, runs: 0, replanAt: firstReplan }
         this.#prepared.set(base, p)
       }
       if (p !== undefined) {
         if (++p.runs > p.replanAt) {
           // The old plan goes first (queued on this connection like any query; a failure, as in an
           // aborted transaction, leaves one unused statement behind and changes nothing else).
-          super.query(`DEALLOCATE "${p.name}"`, () => {})
+          super.query(`DEALLOCATE "${base}_${p.generation}"`, () => {})
           p.generation++
-          p.name = `${base}_${p.generation}`
           p.replanAt *= 2
         }
-        return super.query({ name: p.name, text, values }, callback)
+        return super.query({ name: `${base}_${p.generation}`, text, values }, callback)
       }
     }
     return (super.query as (...a: Array<any>) => any)(...args)
