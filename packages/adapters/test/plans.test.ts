@@ -109,4 +109,47 @@ describe("postgres query plans use the partial indexes made for them", () => {
       expect(generic).not.toMatch(/Seq Scan on targets/)
       expect(run).toMatch(/LockRows \(actual rows=1(\.00)? loops=1\)/)
     }).pipe(Effect.scoped), 60_000)
+
+  it.live("a batch of results and a progress batch find their reservations by primary key, not by walking a device's active reservations", () =>
+    Effect.gen(function* () {
+      const { url, wire, store } = yield* capturedStore
+      yield* store.recordObservations(Array.from({ length: 200 }, (_, i) => ({ source: "github" as const, identity: `r/${i}`, remoteAt: T0 - DAY })), T0)
+      const device = yield* store.addDevice({ name: "d", slots: 64, tokenHash: "h", now: T0 })
+      const claimed = yield* store.claimMany({ deviceId: device.id, slots: Array.from({ length: 64 }, (_, s) => s), now: T0, config: Config.defaults })
+      expect(claimed).toHaveLength(64)
+      const from = wire.sent.length
+      const [first] = claimed
+      yield* store.appendProgress({ deviceId: first.deviceId, reservationId: first.reservationId, fence: first.fence, now: T0 + 1 }, [
+        { seq: 1, kind: "phase", phase: "assigned", at: T0 + 1 }
+      ])
+      const answers = yield* store.submitResults(
+        claimed.map((a) => ({ deviceId: a.deviceId, reservationId: a.reservationId, fence: a.fence, now: T0 + 1, outcome: "clean" as const, finalPhase: null, body: "{}" }))
+      )
+      expect(answers.every((a) => a._tag === "Right")).toBe(true)
+      const accept = find(wire.sent.slice(from), /UPDATE assignments SET state = t\.state/)
+      const progress = find(wire.sent.slice(from), /INSERT INTO progress_events/)
+      // The generic plan is the one a prepared statement keeps, for 64 active reservations of one
+      // device (what a device of 64 slots holds)
+      const [results, appended] = yield* Effect.promise(async () => {
+        const c = new pg.Client({ connectionString: url })
+        await c.connect()
+        try {
+          // and the history a running fleet keeps: 20,000 ended reservations of the same device
+          await c.query(`INSERT INTO assignments (target_id, source, identity, device_id, device_slots, slot, fence, policy_id, issued_at,
+              scan_deadline, upload_deadline, expires_at, state, outcome, ended_at)
+            SELECT target_id, source, identity, device_id, device_slots, slot, fence, policy_id, issued_at, scan_deadline, upload_deadline,
+              expires_at, 'completed', 'clean', issued_at + 1 FROM assignments, generate_series(1, 20000 / 64)`)
+          await c.query("ANALYZE assignments")
+          const plan = async (text: string) => (await c.query(`EXPLAIN (GENERIC_PLAN) ${text}`)).rows.map((r: Record<string, string>) => r["QUERY PLAN"]).join("\n")
+          return [await plan(accept.text), await plan(progress.text)] as const
+        } finally {
+          await c.end()
+        }
+      })
+      console.log(`results of one device, generic plan:\n${results}\n\nprogress, generic plan:\n${appended}`)
+      expect(results).toMatch(/Index Scan using assignments_pkey on assignments s\b/)
+      expect(results).not.toMatch(/assignments_active_(slot|expiry)_idx on assignments s\b/)
+      expect(appended).toMatch(/Index Scan using assignments_pkey on assignments\b/)
+      expect(appended).not.toMatch(/assignments_active_(slot|expiry)_idx on assignments\b/)
+    }).pipe(Effect.scoped), 60_000)
 })

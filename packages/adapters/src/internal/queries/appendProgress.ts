@@ -100,8 +100,10 @@ const pgWrite = (
         ${events.map((e) => e.at)}::bigint[], ${events.map((e) => e.detail ?? null)}::text[]) WITH ORDINALITY AS e(seq, kind, phase, at, detail, ord)
     ), a AS (
       SELECT reservation_id, last_seq FROM assignments
-      WHERE reservation_id = ${auth.reservationId}::bigint AND device_id = ${auth.deviceId}::bigint AND fence = ${auth.fence}::bigint
-        AND state = 'active' AND expires_at > ${now}
+      -- IS NOT DISTINCT FROM for device and state (both NOT NULL): the row is found by its primary
+      -- key, never through a partial index over the device's or the fleet's active reservations
+      WHERE reservation_id = ${auth.reservationId}::bigint AND device_id IS NOT DISTINCT FROM ${auth.deviceId}::bigint AND fence = ${auth.fence}::bigint
+        AND state IS NOT DISTINCT FROM 'active' AND expires_at > ${now}
         AND last_seq BETWEEN ${gate.lo}::int AND ${gate.hi}::int
         AND CASE WHEN last_seq = ${gate.lo}::int THEN COALESCE(last_phase, '') = ANY(${gate.phases}::text[])
           ELSE last_phase = (SELECT b.phase FROM b WHERE b.seq = last_seq) END

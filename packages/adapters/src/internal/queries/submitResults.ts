@@ -29,7 +29,11 @@ export const acceptMany = (sql: SqlClient.SqlClient, inputs: ReadonlyArray<Store
       ), a AS (
         SELECT s.reservation_id, s.target_id, s.fence, i.now, i.outcome, i.final_phase, i.body, i.target_status, i.state
         FROM assignments s JOIN inp i ON i.reservation_id = s.reservation_id
-        WHERE s.device_id = i.device_id AND s.fence = i.fence AND s.state = 'active' AND s.expires_at > i.now AND s.upload_deadline >= i.now
+        -- device and state are compared with IS NOT DISTINCT FROM (both are NOT NULL), which no index
+        -- serves and no partial index's predicate follows from, so each row is found by its primary
+        -- key: as equalities they let a generic plan walk a device's active reservations
+        -- (assignments_active_slot_idx) for each input, or all active ones (the expiry index)
+        WHERE s.device_id IS NOT DISTINCT FROM i.device_id AND s.fence = i.fence AND s.state IS NOT DISTINCT FROM 'active' AND s.expires_at > i.now AND s.upload_deadline >= i.now
           -- a target with open findings is related by the transactional path, which writes findings
           AND (${relating}::bool OR NOT EXISTS (SELECT 1 FROM findings f WHERE f.target_id = s.target_id AND f.status <> 'resolved'))
         ORDER BY s.reservation_id
