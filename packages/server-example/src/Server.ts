@@ -14,6 +14,7 @@ import * as Health from "./Health.js"
 import * as Metrics from "./Metrics.js"
 import * as OperationsRoutes from "./OperationsRoutes.js"
 import { type ServerConfig, Settings } from "./ServerConfig.js"
+import * as Responses from "./internal/Responses.js"
 import * as Url from "./internal/Url.js"
 import * as Sweeper from "./Sweeper.js"
 import * as Webhooks from "./Webhooks.js"
@@ -127,27 +128,34 @@ const accessLog = HttpMiddleware.make((httpApp) =>
 )
 
 // Acquired before the HTTP listener, so released after it has stopped
-// accepting: waits (bounded) for requests still in flight before the store
-// below it is closed.
-const drain = Layer.scoped(
-  InFlight,
-  Effect.gen(function* () {
-    const count = yield* Ref.make(0)
-    const idle = yield* Ref.make<Deferred.Deferred<void> | null>(null)
-    yield* Effect.addFinalizer(() =>
-      Effect.gen(function* () {
-        const d = yield* Deferred.make<void>()
-        yield* Ref.set(idle, d)
-        if ((yield* Ref.get(count)) > 0) {
-          yield* Effect.logInfo("waiting for requests in flight")
-          yield* Deferred.await(d).pipe(Effect.timeoutOption(Duration.seconds(30)))
-        }
-        yield* Effect.logInfo("server stopped")
-      })
-    )
-    return { count, idle }
-  })
-)
+// accepting: waits (at most `graceMs`) for requests still in flight before the
+// store below it is closed.
+const drain = (graceMs: number) =>
+  Layer.scoped(
+    InFlight,
+    Effect.gen(function* () {
+      const count = yield* Ref.make(0)
+      const idle = yield* Ref.make<Deferred.Deferred<void> | null>(null)
+      yield* Effect.addFinalizer(() =>
+        Effect.gen(function* () {
+          const d = yield* Deferred.make<void>()
+          yield* Ref.set(idle, d)
+          if ((yield* Ref.get(count)) > 0) {
+            yield* Effect.logInfo("waiting for requests in flight")
+            // A finalizer runs uninterruptibly, and a timeout can only end what it can interrupt:
+            // without `interruptible` the wait is not bounded at all.
+            const drained = yield* Deferred.await(d).pipe(Effect.interruptible, Effect.timeoutOption(Duration.millis(graceMs)))
+            if (drained._tag === "None")
+              yield* Effect.logWarning("requests still in flight at shutdown; stopping without them").pipe(
+                Effect.annotateLogs({ inFlight: yield* Ref.get(count), graceMs })
+              )
+          }
+          yield* Effect.logInfo("server stopped")
+        })
+      )
+      return { count, idle }
+    })
+  )
 
 /** How long request fibers may run in one turn of the event loop before it polls for I/O again. */
 const sliceMs = 10
@@ -210,7 +218,10 @@ export const logger = (level: ServerConfig["logLevel"], format: ServerConfig["lo
 export const layer = (
   config: ServerConfig
 ): Layer.Layer<Info | Metrics.Metrics | Store.Store | Operations.Operations | Settings, ServeError, Store.Store | Operations.Operations> => {
-  const listener = NodeHttpServer.layer(() => answeringLiveness(createServer({ keepAliveTimeout: 5000, requestTimeout: 60_000 })), { host: config.host, port: config.port })
+  const listener = NodeHttpServer.layer(() => answeringLiveness(Responses.settlingEnds(createServer({ keepAliveTimeout: 5000, requestTimeout: 60_000 }))), {
+    host: config.host,
+    port: config.port
+  })
   const info = Layer.effect(
     Info,
     HttpServer.addressWith((address) =>
@@ -224,7 +235,7 @@ export const layer = (
   )
   // Request fibers run on the turn-sliced scheduler below (see `turnSliced`).
   const serve = Layer.scopedDiscard(Effect.withScheduler(HttpServer.serveEffect(app, accessLog), turnSliced(sliceMs)))
-  const running = Layer.mergeAll(serve, info).pipe(Layer.provide(listener), Layer.provide(drain), Layer.provide(Webhooks.layer(config)))
+  const running = Layer.mergeAll(serve, info).pipe(Layer.provide(listener), Layer.provide(drain(config.shutdownGraceMs)), Layer.provide(Webhooks.layer(config)))
   // The operator port passes through, so co-located fibers (discovery's leases) use the same one.
   const operations = Layer.effect(Operations.Operations, Operations.Operations)
   return Layer.mergeAll(running, Sweeper.layer(config.sweepIntervalMs), operations).pipe(

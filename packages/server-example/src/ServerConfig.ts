@@ -26,6 +26,8 @@ export const ServerConfigSchema = z
     adminToken: z.string({ error: (i) => (i.input === undefined ? "required" : undefined) }).min(16, "must be at least 16 characters"),
     /** How often the expiry sweeper looks for reservations past their assignment expiry. */
     sweepIntervalMs: z.number().int().min(10).max(3_600_000).default(1000),
+    /** How long a stopping server waits for requests still in flight (their clients gone) before it closes the store, milliseconds. */
+    shutdownGraceMs: z.number().int().min(0).max(600_000).default(30_000),
     /** Upper bound of a JSON request body other than a result, bytes. */
     maxBodyBytes: z.number().int().min(1024).max(16 * 1024 * 1024).default(256 * 1024),
     /** Connection pool size for PostgreSQL. */
