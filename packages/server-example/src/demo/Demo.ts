@@ -82,6 +82,8 @@ export interface Running {
   readonly sourceErrors: () => Promise<Summary.SourceErrors>
   /** Stops the workers (their scanner process groups are killed), the scheduler, the server and the fakes, in that order. */
   readonly stop: () => Promise<void>
+  /** The stop steps still running and for how long: what a stop that hangs is waiting for. */
+  readonly stopping: () => ReadonlyArray<{ readonly step: string; readonly ms: number }>
 }
 
 const StateSchema = z.object({
@@ -171,21 +173,35 @@ export const start = async (opts: Options): Promise<Running> => {
     opts.log(LogLine.format({ time: Date.now(), level: event.endsWith("_error") || event === "worker_error" ? "error" : event === "worker_retry" ? "warning" : "info", message: event, fields }, "json"))
   const sources = opts.sources ?? { kind: "fake" as const }
 
-  const cleanups: Array<() => Promise<void>> = []
+  // Each stop step is named and timed (`demo_stop_step`), so a stop that hangs says which step it waits for.
+  const inFlight = new Map<string, number>()
+  const step = async (name: string, f: () => Promise<void>) => {
+    const at = Date.now()
+    inFlight.set(name, at)
+    try {
+      await f()
+    } catch (e) {
+      log("demo_stop_error", { step: name, message: e instanceof Error ? e.message : String(e) })
+    } finally {
+      inFlight.delete(name)
+      log("demo_stop_step", { step: name, ms: Date.now() - at })
+    }
+  }
+  const stopping = () => [...inFlight].map(([name, at]) => ({ step: name, ms: Date.now() - at }))
+  const cleanups: Array<{ readonly name: string; readonly run: () => Promise<void> }> = []
   const cleanup = async () => {
-    for (const c of cleanups.splice(0).reverse())
-      await c().catch((e: unknown) => log("demo_stop_error", { message: e instanceof Error ? e.message : String(e) }))
+    for (const c of cleanups.splice(0).reverse()) await step(c.name, c.run)
   }
 
   try {
     const fakes = sources.kind === "fake" ? await FakeSources.start() : null
     if (fakes) {
-      cleanups.push(() => fakes.close())
+      cleanups.push({ name: "fake sources", run: () => fakes.close() })
       Catalogue.seed(fakes, run)
     }
     // The targets' content: real git repositories on loopback, cloned by the workers' acquire step.
     const repos = await GitRepos.start(join(dataDir, "git"), Catalogue.repository)
-    cleanups.push(() => repos.close())
+    cleanups.push({ name: "git repositories", run: () => repos.close() })
     for (const key of Object.keys(Catalogue.commits)) {
       const [source, identity] = [key.slice(0, key.indexOf(":")), key.slice(key.indexOf(":") + 1)]
       await repos.ensure(source, identity, Catalogue.repository(source, identity))
@@ -198,13 +214,15 @@ export const start = async (opts: Options): Promise<Running> => {
       port: opts.port,
       adminToken: state.adminToken,
       sweepIntervalMs: 500,
+      // Well inside main.ts's 30 s before it gives up on the stop.
+      shutdownGraceMs: 5000,
       logLevel: "info"
     })
     const schedules = sources.kind === "public" ? Sources.schedules(sources.settings, sources.env) : fakeSchedules(fakes!)
     const discovery = Layer.unwrapEffect(Effect.map(schedules, Scheduler.layer)).pipe(Layer.provide(NodeHttpClient.layerUndici))
     const live = discovery.pipe(Layer.provideMerge(Server.layer(config)), Layer.provide(Database.layer(config.databaseUrl, { poolSize: 4 })))
     const rt = ManagedRuntime.make(live)
-    cleanups.push(() => rt.dispose())
+    cleanups.push({ name: "server runtime", run: () => rt.dispose() })
     const info = await rt.runPromise(Server.Info)
     const store = await rt.runPromise(Store.Store)
     // Counted as a run (and the admin token kept) only once the server listens: a start that failed leaves nothing behind.
@@ -241,8 +259,8 @@ export const start = async (opts: Options): Promise<Running> => {
     saveState(stateFile, state)
 
     const scanner = secretlintScanner(repos.url)
-    const running: Array<Supervisor.Device> = []
-    cleanups.push(async () => void (await Promise.all(running.map((d) => d.stop()))))
+    const running: Array<{ readonly name: string; readonly device: Supervisor.Device }> = []
+    cleanups.push({ name: "workers", run: async () => void (await Promise.all(running.map((d) => step(`worker ${d.name}`, () => d.device.stop())))) })
     for (const d of devices) {
       const device = await Supervisor.start({
         server: info.url,
@@ -257,12 +275,12 @@ export const start = async (opts: Options): Promise<Running> => {
         maxBackoffMs: 2000,
         onEvent: ({ type, ...e }) => log(`worker_${type}`, { device: d.name, ...e })
       })
-      running.push(device)
+      running.push({ name: d.name, device })
     }
 
     // The catalogue changes over time: known targets pushed again after their first scan, and new ones arriving.
     const timers: Array<NodeJS.Timeout> = []
-    cleanups.push(async () => timers.forEach(clearTimeout))
+    cleanups.push({ name: "catalogue timers", run: async () => timers.forEach(clearTimeout) })
     if (fakes) {
       const startedAt = Date.now()
       const pushed = new Set<string>()
@@ -317,7 +335,8 @@ export const start = async (opts: Options): Promise<Running> => {
             return { bySource, last: newest ? { at: newest.endedAt, text: `${newest.source}: ${newest.error}` } : null }
           })
         ),
-      stop: () => (stopped ??= cleanup())
+      stop: () => (stopped ??= cleanup()),
+      stopping
     }
   } catch (e) {
     await cleanup()

@@ -140,7 +140,8 @@ const shutdown = (signal: NodeJS.Signals) => {
   out.note(`${signal}: stopping the workers, the scheduler and the server...`)
   // A shutdown that hangs still ends: the workers' scanner groups are killed long before this.
   const force = setTimeout(() => {
-    process.stderr.write("the demo did not stop within 30 s; exiting anyway\n")
+    const waiting = demo.stopping().map((s) => `${s.step} (${s.ms} ms)`)
+    process.stderr.write(`the demo did not stop within 30 s${waiting.length ? `; still waiting for: ${waiting.join(", ")}` : ""}; exiting anyway\n`)
     process.exit(1)
   }, 30_000)
   force.unref()
