@@ -45,6 +45,12 @@ CREATE TABLE cancellations (
   why text NOT NULL
 );
 
+CREATE TABLE claim_head (
+  one boolean DEFAULT true NOT NULL,
+  key bigint NOT NULL,
+  epoch bigint DEFAULT 0 NOT NULL
+);
+
 CREATE TABLE config_versions (
   version integer NOT NULL,
   document jsonb NOT NULL,
@@ -315,6 +321,8 @@ ALTER TABLE assignments ADD CONSTRAINT assignments_target_id_fkey FOREIGN KEY (t
 ALTER TABLE audit_log ADD CONSTRAINT audit_log_pkey PRIMARY KEY (id);
 ALTER TABLE cancellations ADD CONSTRAINT cancellations_pkey PRIMARY KEY (reservation_id);
 ALTER TABLE cancellations ADD CONSTRAINT cancellations_reservation_id_fkey FOREIGN KEY (reservation_id) REFERENCES assignments(reservation_id);
+ALTER TABLE claim_head ADD CONSTRAINT claim_head_one_check CHECK (one);
+ALTER TABLE claim_head ADD CONSTRAINT claim_head_pkey PRIMARY KEY (one);
 ALTER TABLE config_versions ADD CONSTRAINT config_versions_pkey PRIMARY KEY (version);
 ALTER TABLE cycles ADD CONSTRAINT cycles_pkey PRIMARY KEY (id);
 ALTER TABLE device_sources ADD CONSTRAINT device_sources_device_id_fkey FOREIGN KEY (device_id) REFERENCES devices(id);
@@ -359,6 +367,7 @@ CREATE UNIQUE INDEX assignments_pkey ON assignments USING btree (reservation_id)
 CREATE INDEX assignments_target_idx ON assignments USING btree (target_id, reservation_id);
 CREATE UNIQUE INDEX audit_log_pkey ON audit_log USING btree (id);
 CREATE UNIQUE INDEX cancellations_pkey ON cancellations USING btree (reservation_id);
+CREATE UNIQUE INDEX claim_head_pkey ON claim_head USING btree (one);
 CREATE UNIQUE INDEX config_versions_pkey ON config_versions USING btree (version);
 CREATE UNIQUE INDEX cycles_pkey ON cycles USING btree (id);
 CREATE INDEX cycles_source_idx ON cycles USING btree (source, id);
@@ -423,4 +432,47 @@ AS $function$
     END
     $function$;
 
+CREATE OR REPLACE FUNCTION scanfleet_claim_head_lower()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+    BEGIN
+      UPDATE claim_head h SET key = LEAST(h.key, m.key), epoch = h.epoch + 1
+      FROM (SELECT min(n.id - n.priority * 10000) AS key FROM written n WHERE n.status = 'pending') m
+      WHERE m.key IS NOT NULL;
+      RETURN NULL;
+    END
+    $function$;
+
+CREATE OR REPLACE FUNCTION scanfleet_claimable(sources text[], n bigint)
+ RETURNS TABLE(id bigint, key bigint)
+ LANGUAGE sql
+ SET enable_bitmapscan TO 'off'
+ SET enable_seqscan TO 'off'
+ SET enable_sort TO 'off'
+AS $function$
+      SELECT c.id, c.id - c.priority * 10000 FROM targets c
+      WHERE c.status = 'pending' AND c.source = ANY (sources) AND c.id - c.priority * 10000 >= (SELECT h.key FROM claim_head h)
+      ORDER BY c.id - c.priority * 10000, c.id
+      LIMIT n
+      FOR UPDATE OF c SKIP LOCKED
+    $function$;
+
+CREATE OR REPLACE FUNCTION scanfleet_raise_claim_head()
+ RETURNS void
+ LANGUAGE sql
+ SET enable_bitmapscan TO 'off'
+ SET enable_seqscan TO 'off'
+ SET enable_sort TO 'off'
+AS $function$
+      UPDATE claim_head h SET key = m.key
+      FROM (SELECT h0.epoch, (
+        SELECT c.id - c.priority * 10000 FROM targets c
+        WHERE c.status = 'pending' AND c.id - c.priority * 10000 >= h0.key
+        ORDER BY c.id - c.priority * 10000, c.id LIMIT 1) AS key FROM claim_head h0) m
+      WHERE h.epoch = m.epoch AND m.key > h.key
+    $function$;
+
 CREATE TRIGGER durations_rollup AFTER INSERT ON durations REFERENCING NEW TABLE AS new_durations FOR EACH STATEMENT EXECUTE FUNCTION duration_rollups_add();
+CREATE TRIGGER targets_claim_head_insert AFTER INSERT ON targets REFERENCING NEW TABLE AS written FOR EACH STATEMENT EXECUTE FUNCTION scanfleet_claim_head_lower();
+CREATE TRIGGER targets_claim_head_update AFTER UPDATE ON targets REFERENCING NEW TABLE AS written FOR EACH STATEMENT EXECUTE FUNCTION scanfleet_claim_head_lower();

@@ -142,6 +142,10 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         return rows.length
       })
     )
+  // Postgres: the claim's scan starts at claim_head (migration 0013); the sweep raises it to the
+  // lowest pending claim key, over the index entries claimed targets left at the head of
+  // targets_claim_idx, unless a write that made a target pending bumped the epoch since it read.
+  const raiseClaimHead = sql`SELECT scanfleet_raise_claim_head()`
   const foldSome = (limit: number, skipLocked: boolean) => (isPg ? foldPending(limit, skipLocked) : foldPendingSqlite(limit))
   // Everything pending now, a batch at a time; a batch short of the limit was the last one.
   const foldAllPending: Effect.Effect<void, Errors.StoreError> = Effect.flatMap(foldSome(foldBatch, false), (n) => (n < foldBatch ? Effect.void : foldAllPending))
@@ -322,7 +326,10 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
             })
           )
         })
-      ), () => (isPg ? Effect.zipRight(foldPending(foldBatch, true), retryConflicts(mapped(foldDeltas))) : Effect.asVoid(foldPendingSqlite(foldBatch)))),
+      ), () =>
+        isPg
+          ? Effect.all([foldPending(foldBatch, true), retryConflicts(mapped(foldDeltas)), mapped(raiseClaimHead)], { discard: true })
+          : Effect.asVoid(foldPendingSqlite(foldBatch))),
 
     getAssignment: (reservationId) =>
       Effect.flatMap(mapped(loadAssignment(reservationId, false)), (a) =>
@@ -660,11 +667,8 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
               SELECT ok.*, row_number() OVER (ORDER BY ok.ord) AS k FROM ok
               WHERE NOT ${whole}::bool OR (SELECT count(*) FROM ok) = (SELECT count(*) FROM req)
             ), pick AS (
-              SELECT c.id, row_number() OVER (ORDER BY c.key, c.id) AS k FROM (
-                SELECT c.id, c.key FROM (
-                  SELECT c.id, ${sql.literal(Priority.claimKeySql("c"))} AS key FROM targets c WHERE c.status = 'pending' AND c.source = ANY (${sources}::text[])
-                  ORDER BY key, c.id LIMIT ${sql.literal(String(claimBound(reqs.length)))} FOR UPDATE SKIP LOCKED) c
-                LIMIT (SELECT count(*) FROM g)) c
+              -- the claim order from claim_head (migration 0013), each target locked (SKIP LOCKED), as many as asked
+              SELECT c.id, row_number() OVER (ORDER BY c.key, c.id) AS k FROM scanfleet_claimable(${sources}::text[], (SELECT count(*) FROM g)) c
             ), t AS (
               UPDATE targets SET status = 'in_progress', covered_remote_at = observed_remote_at, fence = fence + 1,
                 last_scan_started_at = g.now, attempts = attempts + 1
@@ -710,14 +714,6 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
 
   return store
 })
-
-// The claim statement's inner LIMIT, a literal: PostgreSQL plans a LIMIT it cannot read (a
-// parameter, a subquery) as a tenth of the rows, and at millions of pending targets that plan is a
-// sequential scan and a sort of the whole queue (1,600 buffers a claim, seen in the soak). With a
-// small literal the plan is the claim index's scan; the outer LIMIT, the statement's real count,
-// stops that scan (it takes the inner rows in their order; an ORDER BY there would sort, pulling and
-// locking all of them), so no row past it is locked. One text up to 64 requests, one per power of two past.
-const claimBound = (n: number): number => (n <= 64 ? 64 : 2 ** Math.ceil(Math.log2(n)))
 
 // Sources in a request: absent means all of them.
 const sameSources = (a: ReadonlyArray<Source.Source> | undefined, b: ReadonlyArray<Source.Source> | undefined) =>
