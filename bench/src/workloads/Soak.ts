@@ -23,10 +23,13 @@ const seedSql = `
   INSERT INTO targets (source, identity, status, observed_remote_at, discovered_at)
   SELECT 'github', 'soak/' || i, 'pending', $1::bigint - ${DAY}, $1::bigint FROM generate_series(1, $2::int) AS i`
 
-// Buffers touched by the claim statement so far (both claims lock with SKIP LOCKED).
+// Buffers touched by the claim statement so far: scanfleet's picks in scanfleet_claimable (whose
+// buffers count in the calling statement's), the raw pattern's UPDATE over a SKIP LOCKED select; not
+// the sweep's statements, which lock with SKIP LOCKED too.
 const claimBuffers = `
   SELECT coalesce(sum(shared_blks_hit + shared_blks_read), 0)::float8 AS blks
-  FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = $1) AND query ILIKE '%SKIP LOCKED%'`
+  FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = $1)
+    AND (query ILIKE '%scanfleet_claimable(%' OR (query ILIKE '%SKIP LOCKED%' AND query ILIKE '%UPDATE targets t SET%'))`
 
 interface Shape {
   readonly rows: number
@@ -133,17 +136,33 @@ export const soak = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
       : [
           {
             name: "scanfleet PgStore",
-            note: `${s.claimers} devices of ${s.batch} slots, each a loop of Store.claimMany (all its slots) then Store.submitResults`,
+            note: `${s.claimers} devices of ${s.batch} slots, each a loop of Store.claimMany (all its slots) then Store.submitResults; the server's sweep (Store.expireDue: expiry, a batch of durations folded, the claim head raised) every second, as a deployed server runs it`,
             run: () =>
               soakRun(ctx, s, "sf_soak", async (url) => {
                 const sf = await Scanfleet.openPg(url, s.claimers + 2)
                 const devices: Array<number> = []
                 const slots = Array.from({ length: s.batch }, (_, k) => k)
                 let empty = 0
+                // the sweeper of a deployed server (its default interval), one sweep at a time
+                let sweeper: NodeJS.Timeout | undefined
+                let sweeping: Promise<unknown> = Promise.resolve()
+                const stopSweeping = async () => {
+                  clearInterval(sweeper)
+                  await sweeping
+                }
                 return {
                   prepare: async () => {
                     const now = Date.now()
                     for (let i = 0; i < s.claimers; i++) devices.push((await sf.run((st) => st.addDevice({ name: `soak-${i}`, slots: s.batch, tokenHash: `h${i}`, now }))).id)
+                    let busy = false
+                    sweeper = setInterval(() => {
+                      if (busy) return
+                      busy = true
+                      sweeping = sf
+                        .run((st) => st.expireDue({ now: Date.now(), maxAttempts: 5, limit: 1000 }))
+                        .catch((e: unknown) => ctx.log(`      sweep failed: ${e instanceof Error ? e.message : String(e)}`))
+                        .finally(() => (busy = false))
+                    }, 1000)
                   },
                   one: (i) =>
                     sf.run((st) =>
@@ -164,7 +183,8 @@ export const soak = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
                         return got.length
                       })
                     ),
-                  close: () => {
+                  close: async () => {
+                    await stopSweeping()
                     if (empty > 0) ctx.log(`      ${empty} claim calls found every candidate locked by the other claimers and took nothing`)
                     return sf.close()
                   }
