@@ -432,7 +432,7 @@ AS $function$
     END
     $function$;
 
-CREATE OR REPLACE FUNCTION scanfleet_claim_head_lower()
+CREATE OR REPLACE FUNCTION scanfleet_claim_head_inserted()
  RETURNS trigger
  LANGUAGE plpgsql
 AS $function$
@@ -440,6 +440,17 @@ AS $function$
       UPDATE claim_head h SET key = LEAST(h.key, m.key), epoch = h.epoch + 1
       FROM (SELECT min(n.id - n.priority * 10000) AS key FROM written n WHERE n.status = 'pending') m
       WHERE m.key IS NOT NULL;
+      RETURN NULL;
+    END
+    $function$;
+
+CREATE OR REPLACE FUNCTION scanfleet_claim_head_updated()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+    BEGIN
+      UPDATE claim_head SET key = LEAST(key, NEW.id - NEW.priority * 10000), epoch = epoch + 1
+      WHERE key > NEW.id - NEW.priority * 10000 OR xmin <> pg_current_xact_id()::xid;
       RETURN NULL;
     END
     $function$;
@@ -474,5 +485,5 @@ AS $function$
     $function$;
 
 CREATE TRIGGER durations_rollup AFTER INSERT ON durations REFERENCING NEW TABLE AS new_durations FOR EACH STATEMENT EXECUTE FUNCTION duration_rollups_add();
-CREATE TRIGGER targets_claim_head_insert AFTER INSERT ON targets REFERENCING NEW TABLE AS written FOR EACH STATEMENT EXECUTE FUNCTION scanfleet_claim_head_lower();
-CREATE TRIGGER targets_claim_head_update AFTER UPDATE ON targets REFERENCING NEW TABLE AS written FOR EACH STATEMENT EXECUTE FUNCTION scanfleet_claim_head_lower();
+CREATE TRIGGER targets_claim_head_insert AFTER INSERT ON targets REFERENCING NEW TABLE AS written FOR EACH STATEMENT EXECUTE FUNCTION scanfleet_claim_head_inserted();
+CREATE TRIGGER targets_claim_head_update AFTER UPDATE OF status, priority ON targets FOR EACH ROW WHEN ((new.status = 'pending'::text)) EXECUTE FUNCTION scanfleet_claim_head_updated();

@@ -10,8 +10,8 @@ import { Effect } from "effect"
  * (`scanfleet_raise_claim_head`).
  *
  * The rule that keeps it exact lives here, in triggers, so no statement that makes a target
- * pending can forget it: after any statement that inserts or updates targets, if a row it wrote
- * is pending, the head goes down to that row's key (when lower) and its `epoch` goes up. The
+ * pending can forget it: when a write leaves a target pending, the head goes down to that
+ * target's key (when lower) and its `epoch` goes up. The
  * sweep raises the head only where the epoch it read is still the row's, under the row's lock, so
  * it never raises the head over a pending target it could not see: one written by a transaction
  * still open when the sweep read has either bumped the epoch already (the sweep's update waits
@@ -19,9 +19,10 @@ import { Effect } from "effect"
  * itself. A target locked by an open claim is still pending in the sweep's snapshot, so the head
  * never passes a claim that may yet roll back.
  *
- * Statement-level triggers with transition tables: one update of the head per statement at
- * most, none when the statement left nothing pending (claims, results), and discovery's batches
- * of new targets write it once each. The key is core's Priority.claimKey, as in 0010's index.
+ * An insert of targets fires a statement-level trigger (a transition table): discovery's batches
+ * of new targets write the head once each. An update fires a row-level trigger only for a row
+ * whose status or priority it wrote and which it leaves pending, so a claim or a result (rows
+ * leaving pending) costs no trigger call. The key is core's Priority.claimKey, as in 0010's index.
  *
  * The claim's pick moves into `scanfleet_claimable`, run with bitmap scans, sequential scans and
  * sorts disabled, so its plan is the claim index's ordered scan from the head whatever the
@@ -39,12 +40,25 @@ export default Effect.gen(function* () {
       epoch bigint NOT NULL DEFAULT 0
     )`
   yield* sql`INSERT INTO claim_head (key) SELECT COALESCE(min(id - priority * 10000), 0) FROM targets WHERE status = 'pending'`
+  // Inserts (discovery's batches of new targets): once per statement, over its transition table.
   yield* sql`
-    CREATE FUNCTION scanfleet_claim_head_lower() RETURNS trigger LANGUAGE plpgsql AS $$
+    CREATE FUNCTION scanfleet_claim_head_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN
       UPDATE claim_head h SET key = LEAST(h.key, m.key), epoch = h.epoch + 1
       FROM (SELECT min(n.id - n.priority * 10000) AS key FROM written n WHERE n.status = 'pending') m
       WHERE m.key IS NOT NULL;
+      RETURN NULL;
+    END
+    $$`
+  // Updates: only rows left pending by a write of their status or priority (promotion, expiry,
+  // release, requeue, a new priority), so a claim or a result (rows leaving pending) fires nothing.
+  // A transaction that has bumped the epoch holds the head's row to its end (a sweep waits for it
+  // and then finds the epoch moved), so its later rows write only to lower the head.
+  yield* sql`
+    CREATE FUNCTION scanfleet_claim_head_updated() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      UPDATE claim_head SET key = LEAST(key, NEW.id - NEW.priority * 10000), epoch = epoch + 1
+      WHERE key > NEW.id - NEW.priority * 10000 OR xmin <> pg_current_xact_id()::xid;
       RETURN NULL;
     END
     $$`
@@ -73,6 +87,8 @@ export default Effect.gen(function* () {
         ORDER BY c.id - c.priority * 10000, c.id LIMIT 1) AS key FROM claim_head h0) m
       WHERE h.epoch = m.epoch AND m.key > h.key
     $$`
-  yield* sql`CREATE TRIGGER targets_claim_head_insert AFTER INSERT ON targets REFERENCING NEW TABLE AS written FOR EACH STATEMENT EXECUTE FUNCTION scanfleet_claim_head_lower()`
-  yield* sql`CREATE TRIGGER targets_claim_head_update AFTER UPDATE ON targets REFERENCING NEW TABLE AS written FOR EACH STATEMENT EXECUTE FUNCTION scanfleet_claim_head_lower()`
+  yield* sql`CREATE TRIGGER targets_claim_head_insert AFTER INSERT ON targets REFERENCING NEW TABLE AS written FOR EACH STATEMENT EXECUTE FUNCTION scanfleet_claim_head_inserted()`
+  yield* sql`
+    CREATE TRIGGER targets_claim_head_update AFTER UPDATE OF status, priority ON targets
+    FOR EACH ROW WHEN (NEW.status = 'pending') EXECUTE FUNCTION scanfleet_claim_head_updated()`
 })
