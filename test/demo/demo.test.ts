@@ -205,10 +205,18 @@ describe("npm start: the demo fleet", () => {
             return true
           })
           // The findings panel: the same counts as the API, and the pushed repository's resolved credential.
-          await page.goto(`${url.origin}/`)
           const byStatus = async (status: string) => (await api<{ findings: Array<FindingRow> }>(`/v1/admin/findings?status=${status}&limit=1000`)).findings
-          expect(Number(await page.getByTestId("findings-resolved").innerText())).toBe((await byStatus("resolved")).length)
-          expect(Number(await page.getByTestId("findings-new").innerText())).toBe((await byStatus("new")).length)
+          // The fleet keeps scanning (a scan may resolve or add a finding meanwhile): compare while the API answers the same before and after the page is read.
+          await until("the findings panel showing the API's counts", 30_000, async () => {
+            const counts = async () => [(await byStatus("resolved")).length, (await byStatus("new")).length]
+            const before = await counts()
+            await page.goto(`${url.origin}/`)
+            const shown = [Number(await page.getByTestId("findings-resolved").innerText()), Number(await page.getByTestId("findings-new").innerText())]
+            const after = await counts()
+            if (JSON.stringify(before) !== JSON.stringify(after)) return null
+            expect(shown).toEqual(after)
+            return true
+          })
           const resolvedRow = api2.findings.find((f) => f.path === "config/chat.env")!
           expect(await page.getByTestId(`finding-${resolvedRow.id}-status`).innerText()).toBe("resolved")
           expect(await page.getByTestId(`finding-${resolvedRow.id}-target`).innerText()).toBe("github:acme/api")
