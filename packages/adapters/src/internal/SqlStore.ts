@@ -296,9 +296,10 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         })
       ),
 
-    // The sweep also folds (Postgres, after its transaction) a batch of the durations result
-    // acceptance left pending, and the percentile deltas: they never pile up between percentile
-    // queries while a fleet is running.
+    // The sweep also (Postgres, after its transaction) raises the claim head, then folds a batch of
+    // the durations result acceptance left pending, and the percentile deltas: they never pile up
+    // between percentile queries while a fleet is running. The head goes first, so a fold slowed by
+    // a backlog of durations never holds it back while claims walk the entries left behind it.
     expireDue: (req) =>
       Effect.tap(transaction(
         Effect.gen(function* () {
@@ -328,7 +329,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         })
       ), () =>
         isPg
-          ? Effect.all([foldPending(foldBatch, true), retryConflicts(mapped(foldDeltas)), mapped(raiseClaimHead)], { discard: true })
+          ? Effect.all([mapped(raiseClaimHead), foldPending(foldBatch, true), retryConflicts(mapped(foldDeltas))], { discard: true })
           : Effect.asVoid(foldPendingSqlite(foldBatch))),
 
     getAssignment: (reservationId) =>
