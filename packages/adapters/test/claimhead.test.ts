@@ -117,6 +117,28 @@ describe("postgres claim head", () => {
       expect([a.targetId, b.targetId]).toEqual([last, fresh])
     }).pipe(Effect.scoped), 120_000)
 
+  it.live("a claim under a per-source cap picks from the head as well: a target made pending below the head is its next, and a source at its cap is passed over", () =>
+    Effect.gen(function* () {
+      const { url, wire, store, work, sweep } = yield* queue(1_000)
+      const other = yield* store.addDevice({ name: "other", slots: 2, tokenHash: "o", now: T0 })
+      const early = yield* store.claim({ deviceId: other.id, slot: 0, now: T0, config: Config.defaults })
+      yield* work(4, T0 + 1)
+      yield* store.recordObservations([{ source: "gitlab", identity: "late", remoteAt: T0 }], T0 + 1)
+      yield* sweep(T0 + 2)
+      expect((yield* head(url)).key).toBeGreaterThan(early!.targetId)
+      yield* store.expireDue({ now: early!.expiresAt + 1, maxAttempts: 5, limit: 100 })
+
+      const from = wire.sent.length
+      const capped = (slot: number, at: number) => store.claim({ deviceId: other.id, slot, now: at, config: Config.defaults, sourceCap: 1 })
+      const first = yield* capped(0, early!.expiresAt + 2)
+      expect(first!.targetId).toBe(early!.targetId)
+      // github now has its one active reservation: the next capped claim passes over every github target
+      const second = yield* capped(1, early!.expiresAt + 3)
+      expect(second!.source).toBe("gitlab")
+      expect(second!.identity).toBe("late")
+      expect(wire.sent.slice(from).filter((s) => s.text.includes("scanfleet_claimable(")).length).toBeGreaterThanOrEqual(2)
+    }).pipe(Effect.scoped), 120_000)
+
   it.live("a sweep that reads while a write making a target pending is still open does not raise the head over that target", () =>
     Effect.gen(function* () {
       const { url, store, device, work, sweep } = yield* queue(1_000)

@@ -1,6 +1,6 @@
 import type { SqlClient, Statement } from "@effect/sql"
 import { Effect } from "effect"
-import { Priority, type Source, type Target } from "@scanfleet/core"
+import { Priority, Source, type Target } from "@scanfleet/core"
 import * as Codec from "../Codec.js"
 
 /**
@@ -14,9 +14,9 @@ import * as Codec from "../Codec.js"
 export const claimNext = (
   sql: SqlClient.SqlClient,
   req: { readonly now: number; readonly sources?: ReadonlyArray<Source.Source>; readonly sourceCap?: number },
-  skipLocked: boolean
+  postgres: boolean
 ) =>
-  Effect.map(claimStatement(sql, req, skipLocked), (rows) =>
+  Effect.map(claimStatement(sql, req, postgres), (rows) =>
     rows.length === 0 ? null : (Codec.target(rows[0]) satisfies Target.Target)
   )
 
@@ -28,33 +28,49 @@ export const claimNext = (
 export const claimBatch = (
   sql: SqlClient.SqlClient,
   req: { readonly now: number; readonly sources?: ReadonlyArray<Source.Source> },
-  skipLocked: boolean,
+  postgres: boolean,
   limit: number
-) => Effect.map(claimStatement(sql, req, skipLocked, undefined, limit), (rows) => rows.map((r) => Codec.target(r) satisfies Target.Target))
+) => Effect.map(claimStatement(sql, req, postgres, limit), (rows) => rows.map((r) => Codec.target(r) satisfies Target.Target))
 
-/** The statement of `claimNext` (or of `claimBatch` with a `limit`); `gate`, when given, must hold for any target to be taken (a CTE may embed it). */
-export const claimStatement = (
+/**
+ * The statement of `claimNext` (or of `claimBatch` with a `limit`). On Postgres the pick is
+ * `scanfleet_claimable` (migration 0013), the claims' one pick: from the claim head, in claim
+ * order, locked with SKIP LOCKED, over the allowed sources less those at the cap, so a capped claim
+ * skips the entries claimed targets left at the head of the claim index as the others do. SQLite
+ * picks in the same order under its write lock.
+ */
+const claimStatement = (
   sql: SqlClient.SqlClient,
   req: { readonly now: number; readonly sources?: ReadonlyArray<Source.Source>; readonly sourceCap?: number },
-  skipLocked: boolean,
-  gate?: Statement.Fragment,
+  postgres: boolean,
   limit = 1
 ) => {
-  const filters: Array<Statement.Fragment> = [sql`c.status = 'pending'`]
-  if (gate) filters.push(gate)
-  if (req.sources) filters.push(req.sources.length === 0 ? sql`1 = 0` : sql`c.source IN ${sql.in(req.sources)}`)
+  const n = sql.literal(String(Math.max(0, Math.floor(limit))))
   // A source without active assignments has no group below, so a cap of zero or less must exclude everything here.
-  if (req.sourceCap !== undefined && req.sourceCap <= 0) filters.push(sql`1 = 0`)
-  else if (req.sourceCap !== undefined)
-    filters.push(sql`c.source NOT IN (
-      SELECT a.source FROM assignments a WHERE a.state = 'active' GROUP BY a.source HAVING count(*) >= CAST(${req.sourceCap} AS DOUBLE PRECISION))`)
-  const pick = sql`
+  const none = req.sources?.length === 0 || (req.sourceCap !== undefined && req.sourceCap <= 0)
+  const atCap = req.sourceCap === undefined || none ? undefined : sql`
+      SELECT a.source FROM assignments a WHERE a.state = 'active' GROUP BY a.source HAVING count(*) >= CAST(${req.sourceCap} AS DOUBLE PRECISION)`
+  let ids: Statement.Fragment
+  if (postgres) {
+    const allowed = none ? sql`ARRAY[]::text[]` : atCap
+      ? sql`ARRAY(SELECT s FROM unnest(${req.sources ?? Source.sources}::text[]) AS s WHERE s NOT IN (${atCap}))`
+      : sql`${req.sources ?? Source.sources}::text[]`
+    // an array built once keeps the plan an index probe per id rather than a join
+    ids = sql`id = ANY (ARRAY(SELECT c.id FROM scanfleet_claimable(${allowed}, ${n}) c))`
+  } else {
+    const filters: Array<Statement.Fragment> = [sql`c.status = 'pending'`]
+    if (none) filters.push(sql`1 = 0`)
+    else {
+      if (req.sources) filters.push(sql`c.source IN ${sql.in(req.sources)}`)
+      if (atCap) filters.push(sql`c.source NOT IN (${atCap})`)
+    }
+    const pick = sql`
       SELECT c.id FROM targets c
       WHERE ${sql.and(filters)}
       ORDER BY ${sql.literal(Priority.claimKeySql("c"))}, c.id
-      LIMIT ${sql.literal(String(Math.max(0, Math.floor(limit))))}${skipLocked ? sql.literal(" FOR UPDATE SKIP LOCKED") : sql.literal("")}`
-  // Several ids: an array built once (Postgres) keeps the plan an index probe per id rather than a join.
-  const ids = limit === 1 ? sql`id = (${pick})` : skipLocked ? sql`id = ANY (ARRAY(${pick}))` : sql`id IN (${pick})`
+      LIMIT ${n}`
+    ids = limit === 1 ? sql`id = (${pick})` : sql`id IN (${pick})`
+  }
   return sql`
     UPDATE targets SET
       status = 'in_progress',
