@@ -211,6 +211,9 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
     yield* Scanner.requireBinaries(spec)
     const plan = yield* Containment.detect({ force: opts.containment })
     yield* lock(`${opts.state}.lock`)
+    // Unit cgroups a dead controller left behind (their units died with it) are emptied and removed
+    // before any unit of this one runs.
+    yield* Containment.reclaim(plan)
     const state = yield* Effect.provide(LocalState.State, yield* Layer.build(LocalState.layer(opts.state)))
     const client = Client.make({ server: opts.server, token: opts.token })
     const redactor = Redaction.make({ server: opts.server, token: opts.token, scanner: spec, fleetKey: opts.fleetKey, rawUpload: opts.rawUpload })

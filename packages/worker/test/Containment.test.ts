@@ -36,7 +36,9 @@ describe.each(["cgroup-v2", "cgroup-v1-freezer"] as const)("a unit cgroup left b
     writeFileSync(join(cgroup, "cgroup.procs"), String(orphan.pid))
     expect(ProcessTree.isAlive(orphan.pid!)).toBe(true)
     const reclaimPlan = Effect.runSync(Containment.withLevel(plan, level))
-    expect(await Effect.runPromise(Containment.reclaim(reclaimPlan))).toBeGreaterThanOrEqual(1)
+    // A controller starting in another test file at this moment may reclaim it first: what counts is
+    // that the process is killed and the cgroup gone once this reclaim returns.
+    await Effect.runPromise(Containment.reclaim(reclaimPlan))
     await exited
     expect(existsSync(cgroup)).toBe(false)
   })

@@ -1,11 +1,12 @@
 import { LocalState, ProcessTree } from "@scanfleet/worker"
 import { execa } from "execa"
-import { mkdtempSync, rmSync } from "node:fs"
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
 import { bundle, spawnCli } from "./support/Controller.js"
+import { plan } from "./support/Contained.js"
 import * as Fleet from "./support/Fleet.js"
 import { useNoOrphans } from "./support/NoOrphans.js"
 
@@ -140,6 +141,27 @@ describe("crash recovery and shutdown of the worker process", () => {
     const killed = await ProcessTree.killStale({ pgid, startTime: ProcessTree.startTime(pgid) })
     expect(killed).toHaveLength(3)
     expect(ProcessTree.members(pgid)).toEqual([])
+  })
+
+  it("a unit cgroup a dead controller left, with a process in it, is emptied and removed when the next controller starts", async () => {
+    const base = plan.cgroupDirs["cgroup-v2"] ?? plan.cgroupDirs["cgroup-v1-freezer"]
+    expect(base, "as root the unit cgroups have a place").not.toBeNull()
+    // named as a unit cgroup of a controller whose pid is gone
+    const gone = execa("true")
+    await gone
+    const cgroup = join(base!, `u${gone.pid}-0badcafe`)
+    mkdirSync(cgroup, { recursive: true })
+    const orphan = execa("sleep", ["60"], { detached: true, reject: false, stdio: "ignore" })
+    cleanups.push(async () => {
+      orphan.kill("SIGKILL")
+      await orphan
+    })
+    writeFileSync(join(cgroup, "cgroup.procs"), String(orphan.pid))
+    const fleet = await Fleet.start({ scanSeconds: 30 })
+    cleanups.push(() => fleet.close())
+    controller(fleet, join(dir, "reclaim.db"))
+    await until("the orphan to be killed and its cgroup removed", async () => !ProcessTree.isAlive(orphan.pid!) && !existsSync(cgroup))
+    expect((await orphan).signal).toBe("SIGKILL")
   })
 
   it("SIGTERM stops the device cleanly: the running unit's tree is killed, the reservation is released, status and history print the journal", async () => {
