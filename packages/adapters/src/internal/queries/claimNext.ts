@@ -52,9 +52,10 @@ const claimStatement = (
       SELECT a.source FROM assignments a WHERE a.state = 'active' GROUP BY a.source HAVING count(*) >= CAST(${req.sourceCap} AS DOUBLE PRECISION)`
   let ids: Statement.Fragment
   if (postgres) {
+    const sources = req.sources ?? Source.sources
     const allowed = none ? sql`ARRAY[]::text[]` : atCap
-      ? sql`ARRAY(SELECT s FROM unnest(${req.sources ?? Source.sources}::text[]) AS s WHERE s NOT IN (${atCap}))`
-      : sql`${req.sources ?? Source.sources}::text[]`
+      ? sql`ARRAY(SELECT s FROM unnest(${sources}::text[]) AS s WHERE s NOT IN (${atCap}))`
+      : sql`${sources}::text[]`
     // an array built once keeps the plan an index probe per id rather than a join
     ids = sql`id = ANY (ARRAY(SELECT c.id FROM scanfleet_claimable(${allowed}, ${n}) c))`
   } else {
