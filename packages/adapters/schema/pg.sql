@@ -317,7 +317,6 @@ CREATE TABLE targets (
 ALTER TABLE assignments ADD CONSTRAINT assignments_active_slot_range CHECK (((state <> 'active'::text) OR ((slot >= 0) AND (slot < device_slots))));
 ALTER TABLE assignments ADD CONSTRAINT assignments_pkey PRIMARY KEY (reservation_id);
 ALTER TABLE assignments ADD CONSTRAINT assignments_state_check CHECK ((state = ANY (ARRAY['active'::text, 'completed'::text, 'failed'::text, 'expired'::text, 'released'::text])));
-ALTER TABLE assignments ADD CONSTRAINT assignments_target_id_fkey FOREIGN KEY (target_id) REFERENCES targets(id);
 ALTER TABLE audit_log ADD CONSTRAINT audit_log_pkey PRIMARY KEY (id);
 ALTER TABLE cancellations ADD CONSTRAINT cancellations_pkey PRIMARY KEY (reservation_id);
 ALTER TABLE cancellations ADD CONSTRAINT cancellations_reservation_id_fkey FOREIGN KEY (reservation_id) REFERENCES assignments(reservation_id);
@@ -348,7 +347,6 @@ ALTER TABLE leases ADD CONSTRAINT leases_pkey PRIMARY KEY (name);
 ALTER TABLE policies ADD CONSTRAINT policies_content_key UNIQUE (source, policy, scan_ms, upload_ms, expiry_ms);
 ALTER TABLE policies ADD CONSTRAINT policies_pkey PRIMARY KEY (id);
 ALTER TABLE progress_events ADD CONSTRAINT progress_events_pkey PRIMARY KEY (reservation_id, seq);
-ALTER TABLE progress_events ADD CONSTRAINT progress_events_reservation_id_fkey FOREIGN KEY (reservation_id) REFERENCES assignments(reservation_id);
 ALTER TABLE scanfleet_migrations ADD CONSTRAINT scanfleet_migrations_pkey PRIMARY KEY (migration_id);
 ALTER TABLE source_pauses ADD CONSTRAINT source_pauses_pkey PRIMARY KEY (source);
 ALTER TABLE source_pauses ADD CONSTRAINT source_pauses_source_check CHECK ((source = ANY (ARRAY['github'::text, 'gitlab'::text, 'huggingface'::text, 'dockerhub'::text])));
