@@ -63,6 +63,18 @@ export const openPg = async (url: string, maxConnections: number): Promise<Handl
   if (!a.PgStore) throw new Error("no PgStore in @scanfleet/adapters")
   const h = fromLayer(a.PgStore.layer({ url: Redacted.make(url), maxConnections }))
   await h.run(() => Effect.void) // builds the layer: connects and migrates outside the measured section
+  // A diagnosis, never a result: statements run on scanfleet's database after its migrations, to
+  // price a schema change (dropping an index or a check, say) before writing it as a migration.
+  const extra = process.env.BENCH_SCHEMA_SQL
+  if (extra) {
+    const c = new (await import("pg")).default.Client({ connectionString: url })
+    await c.connect()
+    try {
+      await c.query(extra)
+    } finally {
+      await c.end()
+    }
+  }
   return h
 }
 

