@@ -52,6 +52,8 @@ const soakRun = async (
     one: (i: number) => Promise<number>
     /** The sweeps ended since the last call and the slowest of them, ms (none for a system without a sweep). */
     sweeps?: () => { readonly n: number; readonly slowestMs: number }
+    /** What the window's line adds about the system's own state, read on a connection of its database. */
+    probe?: (c: pg.Client) => Promise<string>
     close: () => Promise<void>
   }>
 ): Promise<Sample> => {
@@ -59,6 +61,8 @@ const soakRun = async (
   const admin = new pg.Client({ connectionString: ctx.pg.url("postgres") })
   await admin.connect()
   const d = await open(db.url)
+  const probe = d.probe ? new pg.Client({ connectionString: db.url }) : undefined
+  await probe?.connect()
   try {
     const c = new pg.Client({ connectionString: db.url })
     await c.connect()
@@ -86,7 +90,8 @@ const soakRun = async (
       const sw = d.sweeps?.()
       if (sw !== undefined) slowestSweep = Math.max(slowestSweep, sw.slowestMs)
       const sweeps = sw === undefined ? "" : `, ${sw.n} sweeps (slowest ${Math.round(sw.slowestMs)} ms)`
-      ctx.log(`      window ${k}: ${Math.round((done - (k > 1 ? counts[k - 2] : 0)) / s.windowSeconds)} claims/s, ${buffers[k - 1].toFixed(1)} buffers/claim, ${done.toLocaleString("en-US")} claims${sweeps}`)
+      const state = probe && d.probe ? `; ${await d.probe(probe).catch((e: unknown) => `probe failed: ${e instanceof Error ? e.message : String(e)}`)}` : ""
+      ctx.log(`      window ${k}: ${Math.round((done - (k > 1 ? counts[k - 2] : 0)) / s.windowSeconds)} claims/s, ${buffers[k - 1].toFixed(1)} buffers/claim, ${done.toLocaleString("en-US")} claims${sweeps}${state}`)
     }, windowMs)
     const more = () => performance.now() - t0 < s.seconds * 1000 && (s.claims <= 0 || done < s.claims)
     try {
@@ -124,6 +129,7 @@ const soakRun = async (
     }
   } finally {
     await d.close()
+    await probe?.end().catch(() => {})
     await admin.end()
     await ctx.pg.dropDb(db.name)
   }
@@ -159,6 +165,7 @@ export const soak = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
                 let sweeper: NodeJS.Timeout | undefined
                 let sweeping: Promise<unknown> = Promise.resolve()
                 const sweeps = { n: 0, slowestMs: 0, startedAt: 0 }
+                let head: { key: number; seq: number } | undefined
                 let busy = false
                 const stopSweeping = async () => {
                   clearInterval(sweeper)
@@ -201,6 +208,18 @@ export const soak = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
                         return got.length
                       })
                     ),
+                  // Tells apart what could make a window's claims read far more buffers: a claim head that
+                  // stopped moving (claims then walk every entry claimed since), or a plan that reads the
+                  // table (sequential scans of targets), and whether an autovacuum or an analyse came between.
+                  probe: async (c) => {
+                    const r = (
+                      await c.query(`SELECT h.key::float8 AS key, h.epoch::float8 AS epoch, s.seq_scan::float8 AS seq, s.autovacuum_count::float8 AS av,
+                        s.autoanalyze_count::float8 AS aa FROM claim_head h, pg_stat_user_tables s WHERE s.relname = 'targets'`)
+                    ).rows[0] as { key: number; epoch: number; seq: number; av: number; aa: number }
+                    const was = head ?? r
+                    head = r
+                    return `claim head +${r.key - was.key} (epoch ${r.epoch}), targets: ${r.seq - was.seq} sequential scans, autovacuum ${r.av}, autoanalyze ${r.aa}`
+                  },
                   sweeps: () => {
                     // a sweep still running counts with its age so far
                     const now = { n: sweeps.n, slowestMs: Math.max(sweeps.slowestMs, busy ? performance.now() - sweeps.startedAt : 0) }
