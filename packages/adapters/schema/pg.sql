@@ -358,7 +358,7 @@ ALTER TABLE targets ADD CONSTRAINT targets_source_check CHECK ((source = ANY (AR
 ALTER TABLE targets ADD CONSTRAINT targets_source_identity_key UNIQUE (source, identity);
 ALTER TABLE targets ADD CONSTRAINT targets_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'in_progress'::text, 'completed'::text, 'failed'::text, 'deferred'::text, 'unresolved'::text])));
 
-CREATE INDEX assignments_active_expiry_idx ON assignments USING btree (expires_at, reservation_id) WHERE (state = 'active'::text);
+CREATE INDEX assignments_active_expiry_idx ON assignments USING btree (expires_at, reservation_id) WHERE ((state = 'active'::text) AND (expires_at IS NOT NULL));
 CREATE UNIQUE INDEX assignments_active_slot_idx ON assignments USING btree (device_id, slot) WHERE (state = 'active'::text);
 CREATE INDEX assignments_device_idx ON assignments USING btree (device_id, reservation_id);
 CREATE UNIQUE INDEX assignments_pkey ON assignments USING btree (reservation_id);

@@ -155,4 +155,44 @@ describe("postgres query plans use the partial indexes made for them", () => {
       expect(appended).toMatch(/Index Scan using assignments_pkey on assignments\b/)
       expect(appended).not.toMatch(/assignments_active_(slot|expiry)_idx on assignments\b/)
     }).pipe(Effect.scoped), 60_000)
+
+  it.live("a claim's busy-slot check probes the slot index by device and slot after an analyse, never scans a partial index whole over ended reservations' entries", () =>
+    Effect.gen(function* () {
+      const { url, wire, store } = yield* capturedStore
+      yield* store.recordObservations(Array.from({ length: 200 }, (_, i) => ({ source: "github" as const, identity: `b/${i}`, remoteAt: T0 - DAY })), T0)
+      const device = yield* store.addDevice({ name: "d", slots: 64, tokenHash: "h", now: T0 })
+      const from = wire.sent.length
+      const claimed = yield* store.claimMany({ deviceId: device.id, slots: Array.from({ length: 64 }, (_, s) => s), now: T0, config: Config.defaults })
+      expect(claimed).toHaveLength(64)
+      const claim = find(wire.sent.slice(from), /scanfleet_claimable/)
+      const answers = yield* store.submitResults(
+        claimed.map((a) => ({ deviceId: a.deviceId, reservationId: a.reservationId, fence: a.fence, now: T0 + 1, outcome: "clean" as const, finalPhase: null, body: "{}" }))
+      )
+      expect(answers.every((a) => a._tag === "Right")).toBe(true)
+      const plan = yield* Effect.promise(async () => {
+        const c = new pg.Client({ connectionString: url })
+        await c.connect()
+        try {
+          // What a running fleet leaves between two vacuums: 20,000 reservations of other devices that
+          // were active and have ended, whose entries stay in the partial indexes on active ones; then
+          // an analyse that finds none active (as autovacuum's may, between a batch of results and the
+          // next claims).
+          await c.query(`INSERT INTO assignments (target_id, source, identity, device_id, device_slots, slot, fence, policy_id, issued_at,
+              scan_deadline, upload_deadline, expires_at, state)
+            SELECT 1, 'github', 'b/0', 1000 + i, 1, 0, 1, 1, ${T0}, ${T0 + DAY}, ${T0 + DAY}, ${T0 + DAY}, 'active' FROM generate_series(0, 19999) AS i`)
+          await c.query(`UPDATE assignments SET state = 'completed', outcome = 'clean', ended_at = ${T0 + 1} WHERE device_id >= 1000`)
+          await c.query("ANALYZE assignments")
+          // the plan of the statement as the store sent it, with its values
+          return (await c.query(`EXPLAIN ${claim.text}`, claim.values as Array<unknown>)).rows.map((r: Record<string, string>) => r["QUERY PLAN"]).join("\n")
+        } finally {
+          await c.end()
+        }
+      })
+      console.log(`the claim's plan after the analyse:\n${plan}`)
+      // the check finds the device's entries by its index condition (the slot index, or the device's
+      // history when the statistics see about one reservation a device), never by a scan of a whole index
+      const check = /Scan using (\w+) on assignments a\b[^\n]*\n\s*(\w[^:]*:[^\n]*)/.exec(plan)
+      expect(check?.[1]).toMatch(/^assignments_(active_slot|device)_idx$/)
+      expect(check?.[2]).toMatch(/^Index Cond: \(+device_id = d\.id\)/)
+    }).pipe(Effect.scoped), 60_000)
 })
