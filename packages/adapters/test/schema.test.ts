@@ -58,6 +58,27 @@ describe("schema", () => {
       })
     ))
 
+  it.live("postgres: stores of two processes opened at once on one empty database both migrate it, once", () =>
+    Effect.gen(function* () {
+      // Two pools stand for two server processes: the migrator creates its table after a look-up
+      // that finds none, so both try to create it; each start must still end migrated. Ten rounds,
+      // since whether the two meet in that window is a matter of timing.
+      for (let round = 0; round < 10; round++)
+        yield* Effect.scoped(
+          Effect.gen(function* () {
+            const url = urlFor(inject("pgUrl"), yield* schema(inject("pgUrl")))
+            const pool = () => Layer.build(PgClient.layer({ url: Redacted.make(url), types: PgStore.types }))
+            const [a, b] = [yield* pool(), yield* pool()]
+            yield* Effect.all([Effect.provide(PgStore.migrate, a), Effect.provide(PgStore.migrate, b)], { concurrency: 2 })
+            const ran = yield* Effect.provide(
+              Effect.flatMap(SqlClient.SqlClient, (sql) => sql<{ n: number }>`SELECT count(*)::int AS n FROM ${sql(Migrator.table)}`),
+              a
+            )
+            expect(ran[0].n).toBe(Migrator.ids("pg").length)
+          })
+        )
+    }))
+
   it.live("sqlite: migrations run once, in order, and the result matches schema/sqlite.sql", () =>
     withSqlite(
       Effect.gen(function* () {

@@ -1,12 +1,23 @@
 import type { SqlClient } from "@effect/sql"
-import { Effect } from "effect"
+import { Effect, Schedule } from "effect"
 import { Errors } from "@scanfleet/core"
 import * as Migrator from "../Migrator.js"
 import { reasonOf } from "./SqlErrors.js"
 
+// The migrator creates its table when a look-up does not find it, outside its transaction, so two
+// processes starting on one empty PostgreSQL database both create it and one of them fails: a
+// duplicate in the catalogue (23505 on pg_type's name index) or a duplicate table (42P07). Run
+// again, that one finds the table, and the migrator's lock on it serialises the rest.
+const createRace = (e: unknown) => {
+  if (typeof e !== "object" || e === null || (e as { _tag?: unknown })._tag !== "SqlError") return false
+  const code = ((e as { cause?: unknown }).cause as { code?: unknown } | undefined)?.code
+  return code === "23505" || code === "42P07"
+}
+
 /** Runs a dialect's migrations with every failure as a StoreError. */
 export const run = (dialect: Migrator.Dialect): Effect.Effect<void, Errors.StoreError, SqlClient.SqlClient> =>
   Migrator.migrate(dialect).pipe(
+    Effect.retry({ while: createRace, schedule: Schedule.spaced("50 millis"), times: 3 }),
     Effect.asVoid,
     Effect.mapError((e) => new Errors.StoreError({ reason: e._tag === "SqlError" ? reasonOf(e.cause) : "unavailable", message: `migrating the ${dialect} schema: ${e.message}`, cause: e })),
     Effect.catchAllDefect((d) => Effect.fail(new Errors.StoreError({ reason: "unavailable", message: `migrating the ${dialect} schema failed: ${String(d)}`, cause: d })))
