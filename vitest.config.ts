@@ -64,7 +64,8 @@ const forks = Math.max(4, 2 * availableParallelism())
  * type-checks and installs, the 200 MB floods, the doc blocks, the load test)
  * never share the two cores with them. The per-level Containment files run
  * the same scanners in the same order, so run together they would fork-storm
- * at the same moment during the grace they measure: two levels per group.
+ * at the same moment during the grace they measure: two levels per group at
+ * most, and freeze-kill alone.
  * The three-server lease test and the SQLite load test (a p99 with 200
  * devices on the two cores) each run alone.
  */
@@ -78,12 +79,14 @@ const timing = [
   ],
   [
     "packages/worker/test/Containment.cgroup-v1-freezer.test.ts",
-    "packages/worker/test/Containment.freeze-kill.test.ts"
+    // the demo's one slow target must be the only one that reaches its deadline
+    "test/demo/demo.test.ts"
   ],
-  // the demo's one slow target must be the only one that reaches its deadline; alone, since its
-  // fleet (a server, workers and discovery) beside the freeze-kill file made copies die 400 ms
-  // past grace + 1 s and a grandchild miss recording its pid in a fresh-clone run
-  ["test/demo/demo.test.ts"],
+  // freeze-kill, the level without a kernel boundary, finds a unit's processes by scanning them:
+  // alone, since beside the demo's fleet (a server, workers and discovery) and another level's
+  // scanners fresh-clone runs saw copies die 400 ms past grace + 1 s, a grandchild killed before it
+  // recorded its pid, and a double-forked daemon still alive when the unit had settled
+  ["packages/worker/test/Containment.freeze-kill.test.ts"],
   // three servers and PostgreSQL handing a lease over within a period: alone, and not beside the
   // containment files, whose grace + 1 s they would use up
   ["packages/server-example/test/ThreeServers.postgres.test.ts"],
