@@ -61,9 +61,9 @@ describe("schema", () => {
   it.live("postgres: stores of two processes opened at once on one empty database both migrate it, once", () =>
     Effect.gen(function* () {
       // Two pools stand for two server processes: the migrator creates its table after a look-up
-      // that finds none, so both try to create it; each start must still end migrated. Ten rounds,
+      // that finds none, so both try to create it; each start must still end migrated. Five rounds,
       // since whether the two meet in that window is a matter of timing.
-      for (let round = 0; round < 10; round++)
+      for (let round = 0; round < 5; round++)
         yield* Effect.scoped(
           Effect.gen(function* () {
             const url = urlFor(inject("pgUrl"), yield* schema(inject("pgUrl")))

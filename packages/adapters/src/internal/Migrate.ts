@@ -6,13 +6,11 @@ import { reasonOf } from "./SqlErrors.js"
 
 // The migrator creates its table when a look-up does not find it, outside its transaction, so two
 // processes starting on one empty PostgreSQL database both create it and one of them fails: a
-// duplicate in the catalogue (23505 on pg_type's name index) or a duplicate table (42P07). Run
-// again, that one finds the table, and the migrator's lock on it serialises the rest.
-const createRace = (e: unknown) => {
-  if (typeof e !== "object" || e === null || (e as { _tag?: unknown })._tag !== "SqlError") return false
-  const code = ((e as { cause?: unknown }).cause as { code?: unknown } | undefined)?.code
-  return code === "23505" || code === "42P07"
-}
+// duplicate in the catalogue (23505 on pg_type's name index) or a duplicate table (42P07); a
+// fresh-clone run also saw another statement error of that race. Run again, that one finds the
+// table, and the migrator's lock on it serialises the rest; the migrations themselves run in one
+// transaction, so running them again after any database error is safe.
+const createRace = (e: unknown) => typeof e === "object" && e !== null && (e as { _tag?: unknown })._tag === "SqlError"
 
 /** Runs a dialect's migrations with every failure as a StoreError. */
 export const run = (dialect: Migrator.Dialect): Effect.Effect<void, Errors.StoreError, SqlClient.SqlClient> =>
