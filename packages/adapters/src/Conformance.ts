@@ -103,6 +103,17 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
           ])
         }))
 
+      test("target ids count discovered targets: re-observing known targets, changed or not, draws no id", (s) =>
+        Effect.gen(function* () {
+          yield* s.recordObservations([obs("github", "n/a", T0 - DAY), obs("github", "n/b", null)], T0)
+          const b = yield* s.getTarget("github", "n/b")
+          // a repeat of each (one newer, one unchanged), twice, before one new identity in the same batch
+          yield* s.recordObservations([obs("github", "n/a", T0 - HOUR), obs("github", "n/b", null)], T0 + 1)
+          yield* s.recordObservations([obs("github", "n/a", T0 - HOUR), obs("github", "n/b", null), obs("github", "n/c", null)], T0 + 2)
+          expect((yield* s.getTarget("github", "n/a")).observedRemoteAt).toBe(T0 - HOUR)
+          expect((yield* s.getTarget("github", "n/c")).id).toBe(b.id + 1)
+        }))
+
       test("Source-specific remote timestamp is retained", (s) =>
         Effect.gen(function* () {
           const pushedAt = Date.parse("2024-05-01T08:00:00Z")

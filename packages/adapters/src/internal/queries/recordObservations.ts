@@ -40,35 +40,53 @@ const result = (batch: ReadonlyArray<Target.Observation>, rows: ReadonlyArray<Ro
 
 /**
  * Postgres: one statement for the whole batch. The arrays are unnested in batch
- * order, so new ids follow the order of discovery; `GREATEST` ignores NULLs, and
- * the `WHERE` keeps unchanged known rows from being rewritten. `xmax = 0` marks
- * the rows this statement inserted.
+ * order, so new ids follow the order of discovery; the `WHERE`s keep unchanged
+ * known rows from being rewritten. Known identities are updated in place and
+ * only unknown ones reach the insert: an `INSERT … ON CONFLICT` draws an id
+ * for every row it is given and locks every conflicting row, so a cycle that
+ * re-observes a million targets would spend a million ids and write a million
+ * row locks. Ids stay dense (one per target discovered, which is what a
+ * priority step counts, see core's `Priority.step`), and an unchanged target
+ * is read, not written. The insert keeps its `ON CONFLICT` for the race: a
+ * row another batch inserted after this statement's snapshot is merged
+ * there, at the cost of one id. `xmax = 0` marks the rows it inserted.
  *
  * Two batches upserting the same identities in different orders would lock
  * rows in different orders and deadlock; instead each batch first takes a
- * transaction-level advisory lock per source it names (in sorted order, in a
- * one-time filter evaluated before any row is written), so concurrent cycles
- * of one source take turns, one short statement each.
+ * transaction-level advisory lock per source it names (in sorted order, in
+ * the materialised input, read before any row is written), so concurrent
+ * cycles of one source take turns, one short statement each.
  */
 export const pg = (sql: SqlClient.SqlClient, batch: ReadonlyArray<Target.Observation>, now: number) =>
   Effect.gen(function* () {
     if (batch.length === 0) return { inserted: [], known: 0 }
     const rows = fold(batch)
-    const out = yield* sql<{ source: string; identity: string; inserted: boolean }>`
-      INSERT INTO targets (source, identity, status, observed_remote_at, discovered_at)
-      SELECT i.source, i.identity, 'pending', i.remote_at, ${now}::bigint
-      FROM unnest(${rows.map((r) => r.source)}::text[], ${rows.map((r) => r.identity)}::text[],
-                  ${rows.map((r) => r.remoteAt)}::bigint[], ${rows.map((r) => r.ord)}::int[]) AS i(source, identity, remote_at, ord)
-      WHERE (SELECT count(*) FROM (
-        SELECT pg_advisory_xact_lock(hashtext('scanfleet.observe:' || s))
-        FROM unnest(${[...new Set(rows.map((r) => r.source))].sort()}::text[]) AS u(s)) AS l) >= 0
-      ORDER BY i.ord
-      ON CONFLICT (source, identity) DO UPDATE
-        SET observed_remote_at = GREATEST(targets.observed_remote_at, EXCLUDED.observed_remote_at)
-        WHERE EXCLUDED.observed_remote_at IS NOT NULL
-          AND (targets.observed_remote_at IS NULL OR EXCLUDED.observed_remote_at > targets.observed_remote_at)
-      RETURNING source, identity, (xmax = 0) AS inserted`
-    return result(batch, rows, out.filter((r) => r.inserted))
+    const out = yield* sql<{ source: string; identity: string }>`
+      WITH i AS MATERIALIZED (
+        SELECT * FROM unnest(${rows.map((r) => r.source)}::text[], ${rows.map((r) => r.identity)}::text[],
+                             ${rows.map((r) => r.remoteAt)}::bigint[], ${rows.map((r) => r.ord)}::int[]) AS i(source, identity, remote_at, ord)
+        WHERE (SELECT count(*) FROM (
+          SELECT pg_advisory_xact_lock(hashtext('scanfleet.observe:' || s))
+          FROM unnest(${[...new Set(rows.map((r) => r.source))].sort()}::text[]) AS u(s)) AS l) >= 0
+      ), known AS (
+        UPDATE targets t SET observed_remote_at = i.remote_at
+        FROM i
+        WHERE t.source = i.source AND t.identity = i.identity
+          AND i.remote_at IS NOT NULL AND (t.observed_remote_at IS NULL OR i.remote_at > t.observed_remote_at)
+      ), fresh AS (
+        INSERT INTO targets (source, identity, status, observed_remote_at, discovered_at)
+        SELECT i.source, i.identity, 'pending', i.remote_at, ${now}::bigint
+        FROM i
+        WHERE NOT EXISTS (SELECT 1 FROM targets t WHERE t.source = i.source AND t.identity = i.identity)
+        ORDER BY i.ord
+        ON CONFLICT (source, identity) DO UPDATE
+          SET observed_remote_at = GREATEST(targets.observed_remote_at, EXCLUDED.observed_remote_at)
+          WHERE EXCLUDED.observed_remote_at IS NOT NULL
+            AND (targets.observed_remote_at IS NULL OR EXCLUDED.observed_remote_at > targets.observed_remote_at)
+        RETURNING source, identity, (xmax = 0) AS inserted
+      )
+      SELECT source, identity FROM fresh WHERE inserted`
+    return result(batch, rows, out)
   })
 
 /**
