@@ -122,7 +122,7 @@ describe("kill -9 of the worker controller at every phase", () => {
         const r = await call(server.url, "GET", `/v1/admin/assignments/${id}`, { token: adminToken })
         return r.body.assignment?.state !== "active" ? r.body : null
       },
-      30_000,
+      60_000,
       100
     )
     await until("the device to record the delivery", () => peek(state, async (s) => (await s.assignment(id))?.status === "done"))

@@ -4,13 +4,16 @@ import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
-import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
+import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest"
 import { bundle, spawnCli } from "./support/Controller.js"
 import { plan } from "./support/Contained.js"
 import * as Fleet from "./support/Fleet.js"
 import { useNoOrphans } from "./support/NoOrphans.js"
 
 useNoOrphans()
+
+// Each test starts a server and controllers as processes, and waits for each up to a minute.
+vi.setConfig({ testTimeout: 180_000 })
 
 // These tests run the commands docs/worker.md and packages/worker/README.md show
 // (`scanfleet-worker run`, `status`, `history`) as their own processes.
@@ -26,7 +29,8 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c()
 })
 
-const until = async <A>(what: string, f: () => Promise<A | undefined | null | false>, ms = 20_000): Promise<A> => {
+/** Polls `f`; the bound is for start-up on a loaded machine, not a claim about speed. */
+const until = async <A>(what: string, f: () => Promise<A | undefined | null | false>, ms = 60_000): Promise<A> => {
   const end = Date.now() + ms
   for (;;) {
     const v = await f()
@@ -106,7 +110,9 @@ describe("crash recovery and shutdown of the worker process", () => {
   })
 
   it("a restart after the target-scan deadline passed uploads a timeout result naming the phase", async () => {
-    const fleet = await Fleet.start({ scanSeconds: 4 })
+    // Room for the controller and its unit to start and reach scanning before the deadline on a loaded
+    // machine (a CI run with 4 s saw the deadline pass first); the test waits the rest of it out.
+    const fleet = await Fleet.start({ scanSeconds: 12 })
     cleanups.push(() => fleet.close())
     await fleet.seed(["acme/slow-late"])
     const state = join(dir, `late-${++n}.db`)

@@ -104,8 +104,13 @@ const launch = (file: string, args: ReadonlyArray<string>, env: Record<string, s
   }
 }
 
-/** Polls `f` until it returns something truthy. */
-export const until = async <A>(what: string, f: () => Promise<A | undefined | null | false> | A | undefined | null | false, ms = 20_000, every = 25): Promise<A> => {
+/**
+ * Polls `f` until it returns something truthy. The default bound is for
+ * process start-up, not a claim about speed: a CI run with the packaging
+ * installs and the documentation's servers beside it saw a controller take
+ * over 20 s to reach its first scan phase.
+ */
+export const until = async <A>(what: string, f: () => Promise<A | undefined | null | false> | A | undefined | null | false, ms = 60_000, every = 25): Promise<A> => {
   const end = Date.now() + ms
   for (;;) {
     const v = await f()
