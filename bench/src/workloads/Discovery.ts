@@ -75,15 +75,26 @@ const rawSchema = `
   CREATE INDEX targets_promotion_idx ON targets (source, (COALESCE(last_scan_started_at, completed_at, 0)), id)
     WHERE status = 'completed' AND observed_remote_at IS NOT NULL;`
 
+// The shape scanfleet's statement has had since its tenth round: known identities updated in place when
+// newer, only unknown ones inserted (an INSERT ... ON CONFLICT would lock every known row it is given and
+// draw an id for each), the ON CONFLICT kept for a concurrent insert.
 const rawRecord = `
-  INSERT INTO targets (source, identity, status, observed_remote_at, discovered_at)
-  SELECT 'github', i.identity, 'pending', i.remote_at, $3::bigint
-  FROM unnest($1::text[], $2::bigint[]) AS i(identity, remote_at)
-  ON CONFLICT (source, identity) DO UPDATE
-    SET observed_remote_at = GREATEST(targets.observed_remote_at, EXCLUDED.observed_remote_at)
-    WHERE EXCLUDED.observed_remote_at IS NOT NULL
-      AND (targets.observed_remote_at IS NULL OR EXCLUDED.observed_remote_at > targets.observed_remote_at)
-  RETURNING identity, (xmax = 0) AS inserted`
+  WITH i AS MATERIALIZED (SELECT * FROM unnest($1::text[], $2::bigint[]) AS i(identity, remote_at)),
+  known AS (
+    UPDATE targets t SET observed_remote_at = i.remote_at FROM i
+    WHERE t.source = 'github' AND t.identity = i.identity
+      AND i.remote_at IS NOT NULL AND (t.observed_remote_at IS NULL OR i.remote_at > t.observed_remote_at)
+  ), fresh AS (
+    INSERT INTO targets (source, identity, status, observed_remote_at, discovered_at)
+    SELECT 'github', i.identity, 'pending', i.remote_at, $3::bigint FROM i
+    WHERE NOT EXISTS (SELECT 1 FROM targets t WHERE t.source = 'github' AND t.identity = i.identity)
+    ON CONFLICT (source, identity) DO UPDATE
+      SET observed_remote_at = GREATEST(targets.observed_remote_at, EXCLUDED.observed_remote_at)
+      WHERE EXCLUDED.observed_remote_at IS NOT NULL
+        AND (targets.observed_remote_at IS NULL OR EXCLUDED.observed_remote_at > targets.observed_remote_at)
+    RETURNING identity, (xmax = 0) AS inserted
+  )
+  SELECT identity, inserted FROM fresh`
 
 const eligible = `
   source = 'github' AND status = 'completed' AND observed_remote_at IS NOT NULL
@@ -244,7 +255,7 @@ export const discovery = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
     ...(missing ? [] : [{ name: "scanfleet PgStore", note: "Store.recordObservations per batch, then Store.promote", run: () => cycleRun(ctx, base, (u) => scanfleetDriver(u, base), "sf_disc") }]),
     {
       name: "raw SQL (unnest upsert)",
-      note: "INSERT ... SELECT FROM unnest(...) ON CONFLICT DO UPDATE SET GREATEST(...) RETURNING (xmax = 0); promotion with SKIP LOCKED and the deferred count",
+      note: "one statement: UPDATE the known newer rows, INSERT ... SELECT FROM unnest(...) WHERE NOT EXISTS ... ON CONFLICT DO UPDATE SET GREATEST(...) RETURNING (xmax = 0); promotion with SKIP LOCKED and the deferred count",
       run: () => cycleRun(ctx, base, (u) => rawDriver(u, base, true), "raw_disc")
     }
   ]
