@@ -30,6 +30,8 @@ export const fold = (batch: ReadonlyArray<Target.Observation>): ReadonlyArray<Ro
 }
 
 const result = (batch: ReadonlyArray<Target.Observation>, rows: ReadonlyArray<Row>, inserted: ReadonlyArray<{ source: string; identity: string }>): Store.RecordResult => {
+  // A cycle over known targets inserts nothing: no need to index the batch.
+  if (inserted.length === 0) return { inserted: [], known: batch.length }
   const ordOf = new Map(rows.map((r) => [`${r.source}\u0000${r.identity}`, r.ord]))
   const identities = inserted
     .map((r) => ({ identity: r.identity, ord: ordOf.get(`${r.source}\u0000${r.identity}`) ?? 0 }))
@@ -40,9 +42,10 @@ const result = (batch: ReadonlyArray<Target.Observation>, rows: ReadonlyArray<Ro
 
 /**
  * Postgres: one statement for the whole batch. The arrays are unnested in batch
- * order, so new ids follow the order of discovery; the `WHERE`s keep unchanged
- * known rows from being rewritten. Known identities are updated in place and
- * only unknown ones reach the insert: an `INSERT … ON CONFLICT` draws an id
+ * order (`WITH ORDINALITY` numbers them), so new ids follow the order of
+ * discovery; the `WHERE`s keep unchanged known rows from being rewritten.
+ * Known identities are updated in place and only unknown ones reach the
+ * insert: an `INSERT … ON CONFLICT` draws an id
  * for every row it is given and locks every conflicting row, so a cycle that
  * re-observes a million targets would spend a million ids and write a million
  * row locks. Ids stay dense (one per target discovered, which is what a
@@ -64,7 +67,7 @@ export const pg = (sql: SqlClient.SqlClient, batch: ReadonlyArray<Target.Observa
     const out = yield* sql<{ source: string; identity: string }>`
       WITH i AS MATERIALIZED (
         SELECT * FROM unnest(${rows.map((r) => r.source)}::text[], ${rows.map((r) => r.identity)}::text[],
-                             ${rows.map((r) => r.remoteAt)}::bigint[], ${rows.map((r) => r.ord)}::int[]) AS i(source, identity, remote_at, ord)
+                             ${rows.map((r) => r.remoteAt)}::bigint[]) WITH ORDINALITY AS i(source, identity, remote_at, ord)
         WHERE (SELECT count(*) FROM (
           SELECT pg_advisory_xact_lock(hashtext('scanfleet.observe:' || s))
           FROM unnest(${[...new Set(rows.map((r) => r.source))].sort()}::text[]) AS u(s)) AS l) >= 0
