@@ -75,26 +75,28 @@ const rawSchema = `
   CREATE INDEX targets_promotion_idx ON targets (source, (COALESCE(last_scan_started_at, completed_at, 0)), id)
     WHERE status = 'completed' AND observed_remote_at IS NOT NULL;`
 
-// The shape scanfleet's statement has had since its tenth round: known identities updated in place when
-// newer, only unknown ones inserted (an INSERT ... ON CONFLICT would lock every known row it is given and
-// draw an id for each), the ON CONFLICT kept for a concurrent insert.
+// The shape scanfleet's statement has had since its tenth round: each identity looked up by the unique
+// index (a lateral probe: a join is planned as a hash over the whole table), and only unknown identities
+// and known ones whose observation is newer handed to the INSERT ... ON CONFLICT, a known one with its own
+// id (given every row, ON CONFLICT would lock every known row and draw an id for each).
 const rawRecord = `
-  WITH i AS MATERIALIZED (SELECT * FROM unnest($1::text[], $2::bigint[]) AS i(identity, remote_at)),
-  known AS (
-    UPDATE targets t SET observed_remote_at = i.remote_at FROM i
-    WHERE t.source = 'github' AND t.identity = i.identity
-      AND i.remote_at IS NOT NULL AND (t.observed_remote_at IS NULL OR i.remote_at > t.observed_remote_at)
-  ), fresh AS (
-    INSERT INTO targets (source, identity, status, observed_remote_at, discovered_at)
-    SELECT 'github', i.identity, 'pending', i.remote_at, $3::bigint FROM i
-    WHERE NOT EXISTS (SELECT 1 FROM targets t WHERE t.source = 'github' AND t.identity = i.identity)
-    ON CONFLICT (source, identity) DO UPDATE
-      SET observed_remote_at = GREATEST(targets.observed_remote_at, EXCLUDED.observed_remote_at)
-      WHERE EXCLUDED.observed_remote_at IS NOT NULL
-        AND (targets.observed_remote_at IS NULL OR EXCLUDED.observed_remote_at > targets.observed_remote_at)
-    RETURNING identity, (xmax = 0) AS inserted
+  WITH i AS MATERIALIZED (
+    SELECT u.identity, u.remote_at, u.ord, k.id AS known_id, k.observed_remote_at AS known_at
+    FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS u(identity, remote_at, ord)
+    LEFT JOIN LATERAL (
+      SELECT t.id, t.observed_remote_at FROM targets t WHERE t.source = 'github' AND t.identity = u.identity OFFSET 0
+    ) AS k ON true
   )
-  SELECT identity, inserted FROM fresh`
+  INSERT INTO targets (id, source, identity, status, observed_remote_at, discovered_at) OVERRIDING SYSTEM VALUE
+  SELECT COALESCE(i.known_id, nextval('targets_id_seq'::regclass)), 'github', i.identity, 'pending', i.remote_at, $3::bigint
+  FROM i
+  WHERE i.known_id IS NULL OR (i.remote_at IS NOT NULL AND (i.known_at IS NULL OR i.remote_at > i.known_at))
+  ORDER BY i.ord
+  ON CONFLICT (source, identity) DO UPDATE
+    SET observed_remote_at = GREATEST(targets.observed_remote_at, EXCLUDED.observed_remote_at)
+    WHERE EXCLUDED.observed_remote_at IS NOT NULL
+      AND (targets.observed_remote_at IS NULL OR EXCLUDED.observed_remote_at > targets.observed_remote_at)
+  RETURNING identity, (xmax = 0) AS inserted`
 
 const eligible = `
   source = 'github' AND status = 'completed' AND observed_remote_at IS NOT NULL
@@ -255,7 +257,7 @@ export const discovery = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
     ...(missing ? [] : [{ name: "scanfleet PgStore", note: "Store.recordObservations per batch, then Store.promote", run: () => cycleRun(ctx, base, (u) => scanfleetDriver(u, base), "sf_disc") }]),
     {
       name: "raw SQL (unnest upsert)",
-      note: "one statement: UPDATE the known newer rows, INSERT ... SELECT FROM unnest(...) WHERE NOT EXISTS ... ON CONFLICT DO UPDATE SET GREATEST(...) RETURNING (xmax = 0); promotion with SKIP LOCKED and the deferred count",
+      note: "one statement: each identity probed by the unique index (LATERAL), the new and the newer given to INSERT ... ON CONFLICT DO UPDATE SET GREATEST(...) RETURNING (xmax = 0), a known one with its own id; promotion with SKIP LOCKED and the deferred count",
       run: () => cycleRun(ctx, base, (u) => rawDriver(u, base, true), "raw_disc")
     }
   ]

@@ -195,4 +195,46 @@ describe("postgres query plans use the partial indexes made for them", () => {
       expect(check?.[1]).toMatch(/^assignments_(active_slot|device)_idx$/)
       expect(check?.[2]).toMatch(/^Index Cond: \(+device_id = d\.id\)/)
     }).pipe(Effect.scoped), 60_000)
+
+  it.live("a discovery batch looks each identity up by the unique index, never hashes the whole table, and writes only what is new or newer", () =>
+    Effect.gen(function* () {
+      const { url, wire, store } = yield* capturedStore
+      // 60,000 known targets, analysed, then a batch of 5,000 of them (a tenth newer) and 5 new ones
+      for (let k = 0; k < 6; k++)
+        yield* store.recordObservations(Array.from({ length: 10_000 }, (_, i) => ({ source: "github" as const, identity: `d/${k}-${i}`, remoteAt: T0 - DAY })), T0)
+      yield* Effect.promise(async () => {
+        const c = new pg.Client({ connectionString: url })
+        await c.connect()
+        await c.query("ANALYZE targets")
+        await c.end()
+      })
+      const from = wire.sent.length
+      const batch = [
+        ...Array.from({ length: 5_000 }, (_, i) => ({ source: "github" as const, identity: `d/2-${i}`, remoteAt: i % 10 === 0 ? T0 : T0 - DAY })),
+        ...Array.from({ length: 5 }, (_, i) => ({ source: "github" as const, identity: `d/new-${i}`, remoteAt: null }))
+      ]
+      expect(yield* store.recordObservations(batch, T0 + 1)).toEqual({ inserted: Array.from({ length: 5 }, (_, i) => `d/new-${i}`), known: 5_000 })
+      const sent = find(wire.sent.slice(from), /INSERT INTO targets/)
+      const plan = yield* explain(url, sent, "SELECT 1")
+      console.log(`a discovery batch:\n${plan}`)
+      expect(plan).toMatch(/Index Scan using targets_source_identity_key on targets/)
+      expect(plan).not.toMatch(/Seq Scan on targets|Hash (Anti |Right |Left )?Join/)
+      // ids count targets: the new ones follow the 60,000 with no gap
+      expect((yield* store.getTarget("github", "d/new-0")).id).toBe(60_001)
+      const [{ newer, locked }] = yield* Effect.promise(async () => {
+        const c = new pg.Client({ connectionString: url })
+        await c.connect()
+        try {
+          // an unchanged target the batch named is neither rewritten nor locked (a row lock would leave its xmax set)
+          const r = await c.query(`SELECT count(*) FILTER (WHERE observed_remote_at = ${T0})::int AS newer,
+              count(*) FILTER (WHERE observed_remote_at = ${T0 - DAY} AND xmax::text <> '0')::int AS locked
+            FROM targets`)
+          return r.rows
+        } finally {
+          await c.end()
+        }
+      })
+      expect(newer).toBe(500)
+      expect(locked).toBe(0)
+    }).pipe(Effect.scoped), 60_000)
 })

@@ -43,16 +43,20 @@ const result = (batch: ReadonlyArray<Target.Observation>, rows: ReadonlyArray<Ro
 /**
  * Postgres: one statement for the whole batch. The arrays are unnested in batch
  * order (`WITH ORDINALITY` numbers them), so new ids follow the order of
- * discovery; the `WHERE`s keep unchanged known rows from being rewritten.
- * Known identities are updated in place and only unknown ones reach the
- * insert: an `INSERT … ON CONFLICT` draws an id
- * for every row it is given and locks every conflicting row, so a cycle that
- * re-observes a million targets would spend a million ids and write a million
- * row locks. Ids stay dense (one per target discovered, which is what a
- * priority step counts, see core's `Priority.step`), and an unchanged target
- * is read, not written. The insert keeps its `ON CONFLICT` for the race: a
- * row another batch inserted after this statement's snapshot is merged
- * there, at the cost of one id. `xmax = 0` marks the rows it inserted.
+ * discovery. Each identity is looked up once, by the unique index (a lateral
+ * subquery, so the look-up is a probe per observation whatever the table's
+ * size; a join here is planned as a hash over the whole table), and only the
+ * unknown identities and the known ones whose observation is newer reach the
+ * `INSERT … ON CONFLICT`. That statement draws an id for every row it is
+ * given and locks every conflicting row even when its `DO UPDATE … WHERE`
+ * changes nothing; given every observation, a cycle that re-observed a million
+ * targets spent a million ids and wrote a million row locks. A known target
+ * is given with its own id, and a new one draws the next, so ids count
+ * discovered targets (what a priority step counts, see core's
+ * `Priority.step`), and an unchanged target is read, not written. The
+ * `ON CONFLICT` merges a known target's newer observation (`GREATEST` ignores
+ * NULLs) and an identity another batch inserted after this statement's
+ * snapshot (at the cost of one id). `xmax = 0` marks the rows it inserted.
  *
  * Two batches upserting the same identities in different orders would lock
  * rows in different orders and deadlock; instead each batch first takes a
@@ -66,21 +70,20 @@ export const pg = (sql: SqlClient.SqlClient, batch: ReadonlyArray<Target.Observa
     const rows = fold(batch)
     const out = yield* sql<{ source: string; identity: string }>`
       WITH i AS MATERIALIZED (
-        SELECT * FROM unnest(${rows.map((r) => r.source)}::text[], ${rows.map((r) => r.identity)}::text[],
-                             ${rows.map((r) => r.remoteAt)}::bigint[]) WITH ORDINALITY AS i(source, identity, remote_at, ord)
+        SELECT u.source, u.identity, u.remote_at, u.ord, k.id AS known_id, k.observed_remote_at AS known_at
+        FROM unnest(${rows.map((r) => r.source)}::text[], ${rows.map((r) => r.identity)}::text[],
+                    ${rows.map((r) => r.remoteAt)}::bigint[]) WITH ORDINALITY AS u(source, identity, remote_at, ord)
+        LEFT JOIN LATERAL (
+          SELECT t.id, t.observed_remote_at FROM targets t WHERE t.source = u.source AND t.identity = u.identity OFFSET 0
+        ) AS k ON true
         WHERE (SELECT count(*) FROM (
           SELECT pg_advisory_xact_lock(hashtext('scanfleet.observe:' || s))
-          FROM unnest(${[...new Set(rows.map((r) => r.source))].sort()}::text[]) AS u(s)) AS l) >= 0
-      ), known AS (
-        UPDATE targets t SET observed_remote_at = i.remote_at
-        FROM i
-        WHERE t.source = i.source AND t.identity = i.identity
-          AND i.remote_at IS NOT NULL AND (t.observed_remote_at IS NULL OR i.remote_at > t.observed_remote_at)
+          FROM unnest(${[...new Set(rows.map((r) => r.source))].sort()}::text[]) AS l(s)) AS l) >= 0
       ), fresh AS (
-        INSERT INTO targets (source, identity, status, observed_remote_at, discovered_at)
-        SELECT i.source, i.identity, 'pending', i.remote_at, ${now}::bigint
+        INSERT INTO targets (id, source, identity, status, observed_remote_at, discovered_at) OVERRIDING SYSTEM VALUE
+        SELECT COALESCE(i.known_id, nextval('targets_id_seq'::regclass)), i.source, i.identity, 'pending', i.remote_at, ${now}::bigint
         FROM i
-        WHERE NOT EXISTS (SELECT 1 FROM targets t WHERE t.source = i.source AND t.identity = i.identity)
+        WHERE i.known_id IS NULL OR (i.remote_at IS NOT NULL AND (i.known_at IS NULL OR i.remote_at > i.known_at))
         ORDER BY i.ord
         ON CONFLICT (source, identity) DO UPDATE
           SET observed_remote_at = GREATEST(targets.observed_remote_at, EXCLUDED.observed_remote_at)
