@@ -25,6 +25,18 @@ const explain = (url: string, q: Sent, settings: string) =>
     }
   })
 
+// Runs one statement on its own connection.
+const query = (url: string, text: string) =>
+  Effect.promise(async () => {
+    const client = new pg.Client({ connectionString: url })
+    await client.connect()
+    try {
+      return (await client.query(text)).rows as Array<Record<string, number>>
+    } finally {
+      await client.end()
+    }
+  })
+
 const find = (sent: ReadonlyArray<Sent>, pattern: RegExp) => {
   const q = sent.find((s) => pattern.test(s.text))
   if (!q) throw new Error(`no statement matching ${pattern} was sent`)
@@ -79,12 +91,7 @@ describe("postgres query plans use the partial indexes made for them", () => {
       // count to lock is a parameter, which the planner reads as a tenth of the rows.
       for (let k = 0; k < 6; k++)
         yield* store.recordObservations(Array.from({ length: 10_000 }, (_, i) => ({ source: "github" as const, identity: `q/${k}-${i}`, remoteAt: T0 - DAY })), T0)
-      yield* Effect.promise(async () => {
-        const c = new pg.Client({ connectionString: url })
-        await c.connect()
-        await c.query("ANALYZE targets")
-        await c.end()
-      })
+      yield* query(url, "ANALYZE targets")
       const generic = yield* pickPlan(url, "GENERIC_PLAN")
       console.log(`the pick's generic plan:\n${generic}`)
       expect(generic).toContain("targets_claim_idx")
@@ -202,12 +209,7 @@ describe("postgres query plans use the partial indexes made for them", () => {
       // 60,000 known targets, analysed, then a batch of 5,000 of them (a tenth newer) and 5 new ones
       for (let k = 0; k < 6; k++)
         yield* store.recordObservations(Array.from({ length: 10_000 }, (_, i) => ({ source: "github" as const, identity: `d/${k}-${i}`, remoteAt: T0 - DAY })), T0)
-      yield* Effect.promise(async () => {
-        const c = new pg.Client({ connectionString: url })
-        await c.connect()
-        await c.query("ANALYZE targets")
-        await c.end()
-      })
+      yield* query(url, "ANALYZE targets")
       const from = wire.sent.length
       const batch = [
         ...Array.from({ length: 5_000 }, (_, i) => ({ source: "github" as const, identity: `d/2-${i}`, remoteAt: i % 10 === 0 ? T0 : T0 - DAY })),
@@ -221,19 +223,10 @@ describe("postgres query plans use the partial indexes made for them", () => {
       expect(plan).not.toMatch(/Seq Scan on targets|Hash (Anti |Right |Left )?Join/)
       // ids count targets: the new ones follow the 60,000 with no gap
       expect((yield* store.getTarget("github", "d/new-0")).id).toBe(60_001)
-      const [{ newer, locked }] = yield* Effect.promise(async () => {
-        const c = new pg.Client({ connectionString: url })
-        await c.connect()
-        try {
-          // an unchanged target the batch named is neither rewritten nor locked (a row lock would leave its xmax set)
-          const r = await c.query(`SELECT count(*) FILTER (WHERE observed_remote_at = ${T0})::int AS newer,
-              count(*) FILTER (WHERE observed_remote_at = ${T0 - DAY} AND xmax::text <> '0')::int AS locked
-            FROM targets`)
-          return r.rows
-        } finally {
-          await c.end()
-        }
-      })
+      // an unchanged target the batch named is neither rewritten nor locked (a row lock would leave its xmax set)
+      const [{ newer, locked }] = yield* query(url, `SELECT count(*) FILTER (WHERE observed_remote_at = ${T0})::int AS newer,
+          count(*) FILTER (WHERE observed_remote_at = ${T0 - DAY} AND xmax::text <> '0')::int AS locked
+        FROM targets`)
       expect(newer).toBe(500)
       expect(locked).toBe(0)
     }).pipe(Effect.scoped), 60_000)
