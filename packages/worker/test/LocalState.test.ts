@@ -1,14 +1,20 @@
 import { PhaseModel } from "@scanfleet/core"
 import { LocalState } from "@scanfleet/worker"
 import { Effect, FastCheck as fc } from "effect"
-import { execFileSync } from "node:child_process"
+import { execFile } from "node:child_process"
 import { mkdtempSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import { promisify } from "node:util"
 import { afterAll, describe, expect, it } from "vitest"
 
 const dir = mkdtempSync(join(tmpdir(), "scanfleet-localstate-"))
 afterAll(() => rmSync(dir, { recursive: true, force: true }))
+
+// A child node process edits a state file behind the worker's back; asynchronously, since a
+// synchronous spawn holds the test worker's event loop (3.9 s on a loaded 2-core machine), and
+// vitest fails the run when its worker cannot answer for 60 s.
+const editBehindTheWorker = (script: string) => promisify(execFile)(process.execPath, ["-e", script], { cwd: join(__dirname, "..", "..", "..") })
 
 const view = (reservationId: number) => ({
   fleetId: "fleet-a",
@@ -121,10 +127,9 @@ describe("the local phase journal", () => {
     await s.putAssignment(record(9))
     await s.close()
     // Damage the row behind the worker's back, as a disk or a hand edit might.
-    execFileSync(process.execPath, [
-      "-e",
+    await editBehindTheWorker(
       `const D = require("better-sqlite3"); const db = new D(${JSON.stringify(file)}); db.prepare("UPDATE assignments SET doc = json_set(doc, '$.lastSeq', -5)").run(); db.close()`
-    ], { cwd: join(__dirname, "..", "..", "..") })
+    )
     const again = await LocalState.open(file)
     try {
       await expect(again.assignment(9)).rejects.toThrow(/lastSeq/)
@@ -141,8 +146,7 @@ describe("a state file written before fleets had ids", () => {
     const { fleetId: _f, view: v, ...old } = record(4)
     const { fleetId: _vf, ...oldView } = v
     const doc = JSON.stringify({ ...old, view: oldView, status: "delivering", phase: "awaiting_receipt", lastSeq: 2 })
-    execFileSync(process.execPath, [
-      "-e",
+    await editBehindTheWorker(
       `const D = require("better-sqlite3"); const db = new D(${JSON.stringify(file)});
        db.exec("CREATE TABLE slots (slot INTEGER PRIMARY KEY, doc TEXT NOT NULL)");
        db.exec("CREATE TABLE assignments (reservation_id INTEGER PRIMARY KEY, doc TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'running')");
@@ -153,7 +157,7 @@ describe("a state file written before fleets had ids", () => {
        db.prepare("INSERT INTO events VALUES (4, 2, 'phase', 'awaiting_receipt', 3, NULL, 'pending', NULL, NULL)").run();
        db.prepare("INSERT INTO slots VALUES (0, ?)").run(JSON.stringify({ slot: 0, reservationId: 4, updatedAt: 5 }));
        db.pragma("user_version = 3"); db.close()`
-    ], { cwd: join(__dirname, "..", "..", "..") })
+    )
 
     const s = await LocalState.open(file)
     try {
