@@ -104,7 +104,13 @@ const alias = {
 }
 
 /** What both projects share. Not `extends: true`: that would run the global setup (and start PostgreSQL) once more per project. */
-const shared = { pool: "forks", testTimeout: 60_000, hookTimeout: 120_000 } as const
+const shared = {
+  pool: "forks",
+  testTimeout: 60_000,
+  hookTimeout: 120_000,
+  // reports a test worker's event loop held for over 10 s, naming the file and test
+  setupFiles: ["./test/stallWatch.ts"]
+}
 
 export default defineConfig({
   resolve: { alias },
