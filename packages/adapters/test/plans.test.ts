@@ -2,7 +2,7 @@ import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer } from "effect"
 import pg from "pg"
 import { inject } from "vitest"
-import { Config } from "@scanfleet/core"
+import { Config, type Store } from "@scanfleet/core"
 import * as PgStore from "../src/PgStore.js"
 import { capturing, type Sent } from "./support/PgCapture.js"
 import { pickPlan } from "./support/PgPick.js"
@@ -12,13 +12,13 @@ const T0 = Date.UTC(2025, 0, 1)
 const DAY = 86_400_000
 
 // Explains a statement exactly as the store sent it (same text, same parameters).
-const explain = (url: string, q: Sent, settings: string) =>
+const explain = (url: string, q: Sent, settings: string, options = "") =>
   Effect.promise(async () => {
     const client = new pg.Client({ connectionString: url })
     await client.connect()
     try {
       await client.query(settings)
-      const { rows } = await client.query(`EXPLAIN ${q.text}`, q.values as Array<unknown>)
+      const { rows } = await client.query(`EXPLAIN ${options} ${q.text}`, q.values as Array<unknown>)
       return rows.map((r: Record<string, string>) => r["QUERY PLAN"]).join("\n")
     } finally {
       await client.end()
@@ -36,6 +36,22 @@ const query = (url: string, text: string) =>
       await client.end()
     }
   })
+
+// The detail lines (Index Cond, Buffers, ...) of each plan node whose line matches `pattern`.
+const nodes = (plan: string, pattern: RegExp): Array<string> => {
+  const lines = plan.split("\n")
+  const indent = (l: string) => l.length - l.trimStart().length
+  return lines.flatMap((l, i) => {
+    if (!pattern.test(l)) return []
+    const own = indent(l)
+    const detail: Array<string> = []
+    for (const d of lines.slice(i + 1)) {
+      if (indent(d) <= own || d.trimStart().startsWith("->")) break
+      detail.push(d.trim())
+    }
+    return [detail.join("\n")]
+  })
+}
 
 const find = (sent: ReadonlyArray<Sent>, pattern: RegExp) => {
   const q = sent.find((s) => pattern.test(s.text))
@@ -230,4 +246,43 @@ describe("postgres query plans use the partial indexes made for them", () => {
       expect(newer).toBe(500)
       expect(locked).toBe(0)
     }).pipe(Effect.scoped), 60_000)
+
+  it.live("a percentile window whose edges fall mid-hour reads each stretch of the rollups as a range of the key by span and start, whether it names a source or not", () =>
+    Effect.gen(function* () {
+      const { url, wire, store } = yield* capturedStore
+      // 100,000 durations over seven days, every source, metric and outcome, analysed
+      const sources = ["github", "gitlab", "huggingface", "dockerhub"] as const
+      const metrics = ["end_to_end", "scanning", "cleanup", "bundling", "upload"] as const
+      const outcomes = ["clean", "findings", "scan_error"] as const
+      const end = T0 + 7 * DAY
+      for (let k = 0; k < 10; k++)
+        yield* store.recordDurations(
+          Array.from({ length: 10_000 }, (_, j) => {
+            const i = k * 10_000 + j
+            return { source: sources[i % 4], metric: metrics[(i >> 2) % 5], outcome: outcomes[(i >> 4) % 3], ms: 1 + ((i * 7919) % 100_000), at: end - 1 - ((i * 104_729) % (7 * DAY)) }
+          })
+        )
+      yield* query(url, "ANALYZE duration_rollups, durations")
+      // edges 39 and 20 minutes past a ten-minute mark: six-hour, hour and ten-minute stretches at both
+      const window = { from: end - 7 * DAY + 2_345_678, to: end - 1_234_567, minSamples: 1 }
+      const queries: ReadonlyArray<Store.PercentileQuery> = [window, { ...window, source: "dockerhub" }]
+      for (const q of queries) {
+        const from = wire.sent.length
+        expect((yield* store.percentiles(q)).length).toBeGreaterThan(0)
+        const analysed = yield* explain(url, find(wire.sent.slice(from), /FROM duration_rollups/), "SELECT 1", "(ANALYZE, BUFFERS, TIMING OFF, COSTS OFF)")
+        console.log(`percentiles ${q.source ?? "over every source"}:\n${analysed}`)
+        // every stretch of rollups is a range of the key: at most one descent of the index per span
+        // in the stretch (the old key, led by the groups, descended once per group: 61 times)
+        expect(analysed).not.toMatch(/Seq Scan on duration_rollups/)
+        const scans = nodes(analysed, /(?:Bitmap Index Scan on|Index (?:Only )?Scan using) duration_rollups_pkey\b/)
+        expect(scans.length).toBeGreaterThan(4)
+        for (const detail of scans) {
+          const cond = /Index Cond: \(+span = '(\d+)'::bigint\) AND \(start >= '(\d+)'::bigint\) AND \(start < '(\d+)'::bigint\)/.exec(detail)
+          expect(cond, detail).not.toBeNull()
+          const [span, lo, hi] = cond!.slice(1).map(Number)
+          const searches = Number(/Index Searches: (\d+)/.exec(detail)?.[1])
+          expect(searches, detail).toBeLessThanOrEqual((hi - lo) / span + 1)
+        }
+      }
+    }).pipe(Effect.scoped), 120_000)
 })
