@@ -329,7 +329,7 @@ ALTER TABLE device_sources ADD CONSTRAINT device_sources_pkey PRIMARY KEY (devic
 ALTER TABLE devices ADD CONSTRAINT devices_id_slots_key UNIQUE (id, slots);
 ALTER TABLE devices ADD CONSTRAINT devices_pkey PRIMARY KEY (id);
 ALTER TABLE devices ADD CONSTRAINT devices_slots_check CHECK ((slots >= 0));
-ALTER TABLE duration_rollups ADD CONSTRAINT duration_rollups_pkey PRIMARY KEY (span, source, metric, outcome, start, chunk);
+ALTER TABLE duration_rollups ADD CONSTRAINT duration_rollups_pkey PRIMARY KEY (span, start, source, metric, outcome, chunk);
 ALTER TABLE durations ADD CONSTRAINT durations_pkey PRIMARY KEY (id);
 ALTER TABLE finding_cursors ADD CONSTRAINT finding_cursors_pkey PRIMARY KEY (subscriber);
 ALTER TABLE finding_dead_letters ADD CONSTRAINT finding_dead_letters_pkey PRIMARY KEY (subscriber, seq);
@@ -373,7 +373,7 @@ CREATE UNIQUE INDEX device_sources_pkey ON device_sources USING btree (device_id
 CREATE UNIQUE INDEX devices_id_slots_key ON devices USING btree (id, slots);
 CREATE UNIQUE INDEX devices_pkey ON devices USING btree (id);
 CREATE INDEX devices_token_hash_idx ON devices USING btree (token_hash) WHERE (revoked_at IS NULL);
-CREATE UNIQUE INDEX duration_rollups_pkey ON duration_rollups USING btree (span, source, metric, outcome, start, chunk);
+CREATE UNIQUE INDEX duration_rollups_pkey ON duration_rollups USING btree (span, start, source, metric, outcome, chunk);
 CREATE UNIQUE INDEX durations_pkey ON durations USING btree (id);
 CREATE INDEX durations_source_idx ON durations USING btree (source, metric, outcome, at) INCLUDE (ms);
 CREATE UNIQUE INDEX finding_cursors_pkey ON finding_cursors USING btree (subscriber);
