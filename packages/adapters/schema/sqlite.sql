@@ -88,7 +88,7 @@ CREATE TABLE duration_rollups (
       start BIGINT NOT NULL,
       chunk INTEGER NOT NULL,
       c0 INTEGER NOT NULL DEFAULT 0, c1 INTEGER NOT NULL DEFAULT 0, c2 INTEGER NOT NULL DEFAULT 0, c3 INTEGER NOT NULL DEFAULT 0, c4 INTEGER NOT NULL DEFAULT 0, c5 INTEGER NOT NULL DEFAULT 0, c6 INTEGER NOT NULL DEFAULT 0, c7 INTEGER NOT NULL DEFAULT 0, c8 INTEGER NOT NULL DEFAULT 0, c9 INTEGER NOT NULL DEFAULT 0, c10 INTEGER NOT NULL DEFAULT 0, c11 INTEGER NOT NULL DEFAULT 0, c12 INTEGER NOT NULL DEFAULT 0, c13 INTEGER NOT NULL DEFAULT 0, c14 INTEGER NOT NULL DEFAULT 0, c15 INTEGER NOT NULL DEFAULT 0, c16 INTEGER NOT NULL DEFAULT 0, c17 INTEGER NOT NULL DEFAULT 0, c18 INTEGER NOT NULL DEFAULT 0, c19 INTEGER NOT NULL DEFAULT 0, c20 INTEGER NOT NULL DEFAULT 0, c21 INTEGER NOT NULL DEFAULT 0, c22 INTEGER NOT NULL DEFAULT 0, c23 INTEGER NOT NULL DEFAULT 0, c24 INTEGER NOT NULL DEFAULT 0, c25 INTEGER NOT NULL DEFAULT 0, c26 INTEGER NOT NULL DEFAULT 0, c27 INTEGER NOT NULL DEFAULT 0, c28 INTEGER NOT NULL DEFAULT 0, c29 INTEGER NOT NULL DEFAULT 0, c30 INTEGER NOT NULL DEFAULT 0, c31 INTEGER NOT NULL DEFAULT 0,
-      PRIMARY KEY (span, source, metric, outcome, start, chunk)
+      PRIMARY KEY (span, start, source, metric, outcome, chunk)
     ) WITHOUT ROWID;
 
 CREATE TABLE durations (
@@ -279,7 +279,7 @@ CREATE TRIGGER durations_rollup AFTER INSERT ON durations
       ON CONFLICT (span, source, metric, outcome, start, chunk) DO UPDATE SET c0 = c0 + excluded.c0, c1 = c1 + excluded.c1, c2 = c2 + excluded.c2, c3 = c3 + excluded.c3, c4 = c4 + excluded.c4, c5 = c5 + excluded.c5, c6 = c6 + excluded.c6, c7 = c7 + excluded.c7, c8 = c8 + excluded.c8, c9 = c9 + excluded.c9, c10 = c10 + excluded.c10, c11 = c11 + excluded.c11, c12 = c12 + excluded.c12, c13 = c13 + excluded.c13, c14 = c14 + excluded.c14, c15 = c15 + excluded.c15, c16 = c16 + excluded.c16, c17 = c17 + excluded.c17, c18 = c18 + excluded.c18, c19 = c19 + excluded.c19, c20 = c20 + excluded.c20, c21 = c21 + excluded.c21, c22 = c22 + excluded.c22, c23 = c23 + excluded.c23, c24 = c24 + excluded.c24, c25 = c25 + excluded.c25, c26 = c26 + excluded.c26, c27 = c27 + excluded.c27, c28 = c28 + excluded.c28, c29 = c29 + excluded.c29, c30 = c30 + excluded.c30, c31 = c31 + excluded.c31;
     END;
 
-CREATE INDEX durations_source_idx ON durations (source, metric, outcome, at);
+CREATE INDEX durations_source_idx ON durations (source, at);
 
 CREATE INDEX durations_window_idx ON durations (at);
 

@@ -1,12 +1,13 @@
 import { describe, expect, it } from "@effect/vitest"
 import Sqlite from "better-sqlite3"
-import { Effect } from "effect"
+import { Context, Effect, Layer } from "effect"
 import { mkdtempSync, readFileSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { Priority, Store } from "@scanfleet/core"
 import * as SqliteStore from "../src/SqliteStore.js"
 
+const DAY = 86_400_000
 const schemaDump = (dialect: "pg" | "sqlite") => readFileSync(new URL(`../schema/${dialect}.sql`, import.meta.url), "utf8")
 
 describe("the claim order's index matches core's claim key", () => {
@@ -40,4 +41,59 @@ describe("the claim order's index matches core's claim key", () => {
       }
     })
   )
+})
+
+describe("the percentile read's index matches its windows", () => {
+  it.live("on a migrated SQLite file a percentile window whose edges fall mid-hour searches each stretch of the rollups by span and a range of start, and the raw edges by a range of time, whether it names a source or not (plans are printed)", () =>
+    Effect.gen(function* () {
+      const dir = mkdtempSync(join(tmpdir(), "scanfleet-plan-"))
+      yield* Effect.addFinalizer(() => Effect.sync(() => rmSync(dir, { recursive: true, force: true })))
+      const context = yield* Layer.build(SqliteStore.layer({ filename: join(dir, "store.db") }))
+      const store = Context.get(context, Store.Store)
+      const { db } = Context.get(context, SqliteStore.Database)
+      // 20,000 durations over thirty days, every source, metric and outcome
+      const sources = ["github", "gitlab", "huggingface", "dockerhub"] as const
+      const metrics = ["end_to_end", "scanning", "cleanup", "bundling", "upload"] as const
+      const outcomes = ["clean", "findings", "scan_error"] as const
+      const end = Date.UTC(2026, 5, 1)
+      yield* store.recordDurations(
+        Array.from({ length: 20_000 }, (_, i) => ({
+          source: sources[i % 4],
+          metric: metrics[(i >> 2) % 5],
+          outcome: outcomes[(i >> 4) % 3],
+          ms: 1 + ((i * 7919) % 100_000),
+          at: end - 1 - ((i * 104_729) % (30 * DAY))
+        }))
+      )
+      // every statement the store prepares from here on
+      const prepared: Array<string> = []
+      const prepare = db.prepare.bind(db)
+      db.prepare = ((text: string) => {
+        prepared.push(text)
+        return prepare(text)
+      }) as typeof db.prepare
+      // edges 39 and 20 minutes past a ten-minute mark: six-hour, hour and ten-minute stretches at both, in the last week
+      const window = { from: end - 7 * DAY + 2_345_678, to: end - 1_234_567, minSamples: 1 }
+      for (const q of [window, { ...window, source: "dockerhub" as const }]) {
+        const from = prepared.length
+        expect((yield* store.percentiles(q)).length).toBeGreaterThan(0)
+        const read = prepared.slice(from).filter((t) => t.includes("FROM duration_rollups"))
+        expect(read).toHaveLength(1)
+        // the plan does not depend on the values; every placeholder bound to null
+        const params = Array.from({ length: (read[0].match(/\?/g) ?? []).length }, () => null)
+        const plan = (prepare(`EXPLAIN QUERY PLAN ${read[0]}`).all(...params) as Array<{ detail: string }>).map((r) => r.detail)
+        console.log(`percentiles ${q.source ?? "over every source"}:\n${plan.join("\n")}`)
+        const rollups = plan.filter((d) => d.includes("duration_rollups"))
+        // a day, six hours, an hour and ten minutes at each edge, less what this window does not need
+        expect(rollups.length).toBeGreaterThan(4)
+        // the old key, led by the groups, bounded each search by span alone, or by span and source:
+        // every stretch read every rollup of its span, whatever the window
+        for (const d of rollups) expect(d).toMatch(/^SEARCH duration_rollups USING PRIMARY KEY \(span=\? AND start>\? AND start<\?\)$/)
+        // and the raw durations at the two edges are a range of time, of the named source when there is one
+        // (the old index, led by source, metric and outcome, was searched by source alone: all of its history)
+        const edges = plan.filter((d) => /\bdurations\b/.test(d))
+        expect(edges).toHaveLength(2)
+        for (const d of edges) expect(d).toMatch(q.source ? /^SEARCH durations USING INDEX durations_source_idx \(source=\? AND at>\? AND at<\?\)$/ : /^SEARCH durations USING INDEX durations_window_idx \(at>\? AND at<\?\)$/)
+      }
+    }).pipe(Effect.scoped), 60_000)
 })

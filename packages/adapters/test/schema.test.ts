@@ -105,6 +105,39 @@ describe("schema", () => {
   it.live("postgres: a database at the oldest schema version is upgraded with its data", () => withPg(upgrade(pgQueue, PgStore.make)))
   it.live("sqlite: a database at the oldest schema version is upgraded with its data", () => withSqlite(upgrade(sqliteQueue, SqliteStore.make)))
 
+  it.live("sqlite: rollups written before 0017 keep every count under the key by span and start, new durations still roll up, and durations are indexed by source and time", () =>
+    withSqlite(
+      Effect.gen(function* () {
+        // the schema as 0016 left it, from the migrations themselves
+        const before = Migrator.ids("sqlite").filter((id) => id < "0017")
+        const record: Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>> = {}
+        for (const id of before) record[id] = (yield* Effect.promise(() => import(/* @vite-ignore */ new URL(`../src/migrations/sqlite/${id}.ts`, import.meta.url).href))).default
+        expect(yield* SqlMigrator.make({})({ loader: SqlMigrator.fromRecord(record), table: Migrator.table })).toHaveLength(before.length)
+        const sql = yield* SqlClient.SqlClient
+        const key = (rows: ReadonlyArray<{ sql: string }>) => /PRIMARY KEY \(([^)]*)\)/.exec(rows[0].sql)?.[1]
+        const tableSql = sql<{ sql: string }>`SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'duration_rollups'`
+        expect(key(yield* tableSql)).toBe("span, source, metric, outcome, start, chunk")
+        // durations over two days in two sources, rolled up by 0005's trigger
+        const day = 86_400_000
+        for (let i = 0; i < 400; i++)
+          yield* sql`INSERT INTO durations (source, metric, outcome, ms, at) VALUES (${i % 2 === 0 ? "github" : "gitlab"}, 'end_to_end', 'clean', ${1 + i * 37}, ${day + i * 431_000})`
+        const rollups = sql`SELECT * FROM duration_rollups ORDER BY span, source, metric, outcome, start, chunk`
+        const written = yield* rollups
+        expect(written.length).toBeGreaterThan(100)
+        const store = yield* SqliteStore.make
+        expect(key(yield* tableSql)).toBe("span, start, source, metric, outcome, chunk")
+        expect(yield* rollups).toEqual(written)
+        const index = yield* sql<{ sql: string }>`SELECT sql FROM sqlite_master WHERE type = 'index' AND name = 'durations_source_idx'`
+        expect(index[0].sql).toBe("CREATE INDEX durations_source_idx ON durations (source, at)")
+        // the trigger is there again: a duration recorded now is counted, once in every span
+        yield* store.recordDurations([{ source: "github", metric: "end_to_end", outcome: "clean", ms: 5, at: day + 400 * 431_000 }])
+        const total = sql<{ span: number; n: number }>`SELECT span, ${sql.literal(Array.from({ length: 32 }, (_, i) => `sum(c${i})`).join(" + "))} AS n FROM duration_rollups GROUP BY span ORDER BY span`
+        expect((yield* total).map((r) => Number(r.n))).toEqual([401, 401, 401, 401])
+        const [all] = yield* store.percentiles({ from: 0, to: 4 * day, source: "github", minSamples: 1 })
+        expect(all.count).toBe(201)
+      })
+    ))
+
   it.live("a store opened on an already migrated database migrates nothing and works", () =>
     withSqlite(
       Effect.gen(function* () {
