@@ -74,7 +74,8 @@ describe("the percentile read's index matches its windows", () => {
       }) as typeof db.prepare
       // edges 39 and 20 minutes past a ten-minute mark: six-hour, hour and ten-minute stretches at both, in the last week
       const window = { from: end - 7 * DAY + 2_345_678, to: end - 1_234_567, minSamples: 1 }
-      for (const q of [window, { ...window, source: "dockerhub" as const }]) {
+      const queries: ReadonlyArray<Store.PercentileQuery> = [window, { ...window, source: "dockerhub" }]
+      for (const q of queries) {
         const from = prepared.length
         expect((yield* store.percentiles(q)).length).toBeGreaterThan(0)
         const read = prepared.slice(from).filter((t) => t.includes("FROM duration_rollups"))
