@@ -11,6 +11,7 @@ import { Migrator as SqlMigrator } from "@effect/sql"
 import { Effect, Layer, Redacted } from "effect"
 import { inject } from "vitest"
 import * as Migrator from "../src/Migrator.js"
+import * as Rollups from "../src/internal/Rollups.js"
 import * as PgStore from "../src/PgStore.js"
 import * as SqliteStore from "../src/SqliteStore.js"
 import pgQueue from "../src/migrations/pg/0001_queue.js"
@@ -131,7 +132,7 @@ describe("schema", () => {
         expect(index[0].sql).toBe("CREATE INDEX durations_source_idx ON durations (source, at)")
         // the trigger is there again: a duration recorded now is counted, once in every span
         yield* store.recordDurations([{ source: "github", metric: "end_to_end", outcome: "clean", ms: 5, at: day + 400 * 431_000 }])
-        const total = sql<{ span: number; n: number }>`SELECT span, ${sql.literal(Array.from({ length: 32 }, (_, i) => `sum(c${i})`).join(" + "))} AS n FROM duration_rollups GROUP BY span ORDER BY span`
+        const total = sql<{ span: number; n: number }>`SELECT span, ${sql.literal(Array.from({ length: Rollups.width }, (_, i) => `sum(c${i})`).join(" + "))} AS n FROM duration_rollups GROUP BY span ORDER BY span`
         expect((yield* total).map((r) => Number(r.n))).toEqual([401, 401, 401, 401])
         const [all] = yield* store.percentiles({ from: 0, to: 4 * day, source: "github", minSamples: 1 })
         expect(all.count).toBe(201)
