@@ -28,17 +28,10 @@ export const bundles = (): Promise<{ server: string; worker: string }> =>
     const { build } = await import("tsup")
     process.on("exit", () => rmSync(buildDir, { recursive: true, force: true }))
     mkdirSync(buildDir, { recursive: true })
-    await build({
-      entry: {
-        server: `${root}packages/server-example/src/bin.ts`,
-        worker: fileURLToPath(new URL("../fixtures/worker-entry.ts", import.meta.url)),
-        // The worker's own entries, beside its bundle as the built package keeps them beside its index.
-        unit: `${root}packages/worker/src/unit/main.ts`,
-        "demo-scanner": `${root}packages/worker/src/unit/demo-scanner.ts`
-      },
+    const common = {
       outDir: `${buildDir}bin`,
-      format: ["esm"],
-      platform: "node",
+      format: ["esm" as const],
+      platform: "node" as const,
       target: "node20",
       config: false,
       silent: true,
@@ -46,12 +39,25 @@ export const bundles = (): Promise<{ server: string; worker: string }> =>
       sourcemap: false,
       clean: false,
       splitting: false,
-      noExternal: [/^@scanfleet\//],
-      external: [/^(?!@scanfleet\/)[^./]/],
-      esbuildOptions: (o) => {
+      esbuildOptions: (o: { conditions?: Array<string> }) => {
         o.conditions = ["@scanfleet/source"]
       }
-    })
+    }
+    await Promise.all([
+      build({
+        ...common,
+        entry: { server: `${root}packages/server-example/src/bin.ts`, worker: fileURLToPath(new URL("../fixtures/worker-entry.ts", import.meta.url)) },
+        noExternal: [/^@scanfleet\//],
+        external: [/^(?!@scanfleet\/)[^./]/]
+      }),
+      // The worker's own entries, beside its bundle as the built package keeps them beside its index,
+      // and like them one file each with every dependency in it.
+      build({
+        ...common,
+        entry: { unit: `${root}packages/worker/src/unit/main.ts`, "demo-scanner": `${root}packages/worker/src/unit/demo-scanner.ts` },
+        noExternal: [/^[^./]/]
+      })
+    ])
     return { server: `${buildDir}bin/server.js`, worker: `${buildDir}bin/worker.js` }
   })())
 

@@ -24,9 +24,11 @@ export const bundle = (): Promise<string> =>
  * package does. Test files run in parallel processes that each bundle the
  * same entries while others run them: the bundle is written to a folder of
  * this process's own and renamed into place, so no process ever reads a
- * half-written file.
+ * half-written file. Workspace packages are inlined and other dependencies
+ * left to node_modules, except in a `standalone` bundle, which holds them all,
+ * as the package's build makes the execution unit and the demo scanner.
  */
-export const bundleEntry = async (entry: string, name: string, dir: string): Promise<void> => {
+export const bundleEntry = async (entry: string, name: string, dir: string, opts: { readonly standalone?: boolean } = {}): Promise<void> => {
   const scratch = join(dir, `.tmp-${process.pid}-${name}`)
   await build({
     entry: { [name]: entry },
@@ -40,8 +42,7 @@ export const bundleEntry = async (entry: string, name: string, dir: string): Pro
     sourcemap: false,
     clean: false,
     splitting: false,
-    noExternal: [/^@scanfleet\//],
-    external: [/^(?!@scanfleet\/)[^./]/],
+    ...(opts.standalone ? { noExternal: [/^[^./]/] } : { noExternal: [/^@scanfleet\//], external: [/^(?!@scanfleet\/)[^./]/] }),
     esbuildOptions: (o) => {
       o.conditions = ["@scanfleet/source"]
     }

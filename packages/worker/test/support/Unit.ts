@@ -16,8 +16,8 @@ let built: Promise<void> | null = null
 export const build = (): Promise<void> =>
   (built ??= (async () => {
     mkdirSync(outDir, { recursive: true })
-    await bundleEntry(src("../../src/unit/main.ts"), "unit", outDir)
-    await bundleEntry(src("../../src/unit/demo-scanner.ts"), "demo-scanner", outDir)
+    await bundleEntry(src("../../src/unit/main.ts"), "unit", outDir, { standalone: true })
+    await bundleEntry(src("../../src/unit/demo-scanner.ts"), "demo-scanner", outDir, { standalone: true })
     // bundleEntry leaves every bundle executable: fake-trufflehog runs as a command of its own, as the real binary is.
     for (const name of adversaries) await bundleEntry(src(`../fixtures/adversarial/${name}.ts`), name, `${outDir}adversarial/`)
   })())
