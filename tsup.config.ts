@@ -1,4 +1,5 @@
 import { defineConfig, type Options } from "tsup"
+import { entries, standalone } from "./build/standalone.js"
 
 // Every package builds the same way; bare imports (dependencies, sibling
 // packages, node builtins) stay external so each package ships only its own code.
@@ -17,36 +18,8 @@ const pkg = (name: string, entry: Record<string, string>): Options => ({
   shims: true
 })
 
-/**
- * The worker's own Node entries (the execution unit, the demo scanner) run as a
- * process of their own for every scan, so they are built apart, as one file
- * each with their dependencies in it (one ESM file parsed, not the hundreds
- * behind `effect`'s and core's index): about 0.25 s of CPU to start instead
- * of about 0.95 s. Nobody imports them, so neither types nor CommonJS. They are
- * written next to the package's index, which `ExecutionUnit` looks beside
- * itself for; the package's own build, running at the same time, leaves them
- * out of its clean.
- */
-const standalone = { unit: "packages/worker/src/unit/main.ts", "demo-scanner": "packages/worker/src/unit/demo-scanner.ts" }
-const workerEntries: Options = {
-  name: "worker-entries",
-  entry: standalone,
-  outDir: "packages/worker/dist",
-  format: ["esm"],
-  dts: false,
-  tsconfig: `tsconfig.build.json`,
-  // 2.5 MB for the unit's map alone, and Node reads none without --enable-source-maps
-  sourcemap: false,
-  clean: false,
-  splitting: false,
-  target: "node20",
-  platform: "node",
-  noExternal: [/^[^./]/],
-  // core from its source: its own build, which would be read, runs at the same time
-  esbuildOptions: (o) => {
-    o.conditions = ["@scanfleet/source"]
-  }
-}
+/** The packages' own builds, running beside their standalone entries' (build/standalone.ts), leave those out of their clean. */
+const keep = (names: Record<string, string>) => Object.keys(names).map((name) => `!${name}.js`)
 
 export default defineConfig([
   pkg("core", { index: "packages/core/src/index.ts" }),
@@ -56,7 +29,8 @@ export default defineConfig([
     FakeSources: "packages/adapters/src/testing/FakeSources.ts",
     Conformance: "packages/adapters/src/Conformance.ts"
   }),
-  { ...pkg("worker", { index: "packages/worker/src/index.ts", bin: "packages/worker/src/bin.ts" }), clean: Object.keys(standalone).map((name) => `!${name}.js`) },
-  workerEntries,
-  pkg("server-example", { index: "packages/server-example/src/index.ts", bin: "packages/server-example/src/bin.ts" })
+  { ...pkg("worker", { index: "packages/worker/src/index.ts" }), clean: keep(entries.worker) },
+  standalone("worker-entries", entries.worker, "packages/worker/dist"),
+  { ...pkg("server-example", { index: "packages/server-example/src/index.ts" }), clean: keep(entries["server-example"]) },
+  standalone("server-entries", entries["server-example"], "packages/server-example/dist")
 ])

@@ -6,6 +6,7 @@ import { tmpdir } from "node:os"
 import { join, resolve } from "node:path"
 import { promisify } from "node:util"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { entries as standaloneEntries, optionalNative } from "../build/standalone.js"
 
 /**
  * What a stranger gets from the registry: every package is packed, then each
@@ -137,13 +138,26 @@ describe("packaging", { timeout: 300_000 }, () => {
       const declared = new Set([...Object.keys(deps), ...Object.keys(peers), `@scanfleet/${p}`])
       const dist = join(root, "packages", p, "dist")
       const imported = new Set<string>()
-      for (const f of readdirSync(dist).filter((f) => /\.(c?js|d\.c?ts)$/.test(f))) {
+      const name = (spec: string) => (spec.startsWith("@") ? spec.split("/").slice(0, 2).join("/") : spec.split("/")[0])
+      // A standalone entry (build/standalone.ts) holds its dependencies' code, and with it their
+      // strings; what it loads at run time are its top-level imports and its bundled `require`s.
+      const own: ReadonlyArray<string> = Object.keys((standaloneEntries as Record<string, Record<string, string>>)[p] ?? {}).map((e) => `${e}.js`)
+      for (const f of own) {
+        const text = readFileSync(join(dist, f), "utf8")
+        for (const m of text.matchAll(/^import\b[^"'\n]*["']([^"'./][^"']*)["'];?$|\b__require\(["']([^"'./][^"']*)["']\)/gm)) {
+          const spec = m[1] ?? m[2]
+          if (spec.startsWith("node:") || builtinModules.includes(spec) || builtinModules.includes(name(spec))) continue
+          // loaded by pg and ws only when installed, inside a try
+          if (optionalNative.includes(spec)) continue
+          imported.add(name(spec))
+        }
+      }
+      for (const f of readdirSync(dist).filter((f) => /\.(c?js|d\.c?ts)$/.test(f) && !own.includes(f))) {
         const text = readFileSync(join(dist, f), "utf8")
         for (const m of text.matchAll(/(?:from\s*|import\s*\(\s*|require\s*\(\s*|import\s+)["']([^"'./][^"']*)["']/g)) {
           const spec = m[1]
-          const name = spec.startsWith("@") ? spec.split("/").slice(0, 2).join("/") : spec.split("/")[0]
-          if (spec.startsWith("node:") || builtinModules.includes(name)) continue
-          imported.add(name)
+          if (spec.startsWith("node:") || builtinModules.includes(name(spec))) continue
+          imported.add(name(spec))
         }
       }
       expect([...imported].filter((n) => !declared.has(n) && !(n === "pg" && declared.has("@types/pg"))).sort()).toEqual([])

@@ -4,6 +4,7 @@ import { mkdirSync, readdirSync, readFileSync, rmSync } from "node:fs"
 import { createServer as createNetServer } from "node:net"
 import { fileURLToPath } from "node:url"
 import pg from "pg"
+import { entries, standalone } from "../../../build/standalone.js"
 
 /**
  * Real processes for the reliability suite: the scanfleet server and the
@@ -15,10 +16,10 @@ import pg from "pg"
 /** The repository root. */
 export const root = fileURLToPath(new URL("../../../", import.meta.url))
 
-// The server and worker CLIs are bundled from source once per test file
-// (workspace packages inlined, dependencies left to node_modules): a bundle
-// starts in a fraction of the time a TypeScript loader takes. The worker's
-// execution unit and demo scanner are bundled beside it, where the built package keeps them.
+// The server and worker CLIs are bundled from source once per test file, as the
+// packages' build makes their bins (build/standalone.ts): a bundle starts in a
+// fraction of the time a TypeScript loader takes. The worker's execution unit
+// and demo scanner are bundled beside it, where the built package keeps them.
 const buildDir = `${root}test/reliability/.build/${process.pid}/`
 let built: Promise<{ server: string; worker: string }> | null = null
 
@@ -28,36 +29,20 @@ export const bundles = (): Promise<{ server: string; worker: string }> =>
     const { build } = await import("tsup")
     process.on("exit", () => rmSync(buildDir, { recursive: true, force: true }))
     mkdirSync(buildDir, { recursive: true })
-    const common = {
-      outDir: `${buildDir}bin`,
-      format: ["esm" as const],
-      platform: "node" as const,
-      target: "node20",
+    await build({
+      ...standalone(
+        "reliability",
+        {
+          server: `${root}${entries["server-example"].bin}`,
+          worker: fileURLToPath(new URL("../fixtures/worker-entry.ts", import.meta.url)),
+          unit: `${root}${entries.worker.unit}`,
+          "demo-scanner": `${root}${entries.worker["demo-scanner"]}`
+        },
+        `${buildDir}bin`
+      ),
       config: false,
-      silent: true,
-      dts: false,
-      sourcemap: false,
-      clean: false,
-      splitting: false,
-      esbuildOptions: (o: { conditions?: Array<string> }) => {
-        o.conditions = ["@scanfleet/source"]
-      }
-    }
-    await Promise.all([
-      build({
-        ...common,
-        entry: { server: `${root}packages/server-example/src/bin.ts`, worker: fileURLToPath(new URL("../fixtures/worker-entry.ts", import.meta.url)) },
-        noExternal: [/^@scanfleet\//],
-        external: [/^(?!@scanfleet\/)[^./]/]
-      }),
-      // The worker's own entries, beside its bundle as the built package keeps them beside its index,
-      // and like them one file each with every dependency in it.
-      build({
-        ...common,
-        entry: { unit: `${root}packages/worker/src/unit/main.ts`, "demo-scanner": `${root}packages/worker/src/unit/demo-scanner.ts` },
-        noExternal: [/^[^./]/]
-      })
-    ])
+      silent: true
+    })
     return { server: `${buildDir}bin/server.js`, worker: `${buildDir}bin/worker.js` }
   })())
 

@@ -3,11 +3,12 @@ import { chmodSync, readdirSync, renameSync, rmSync } from "node:fs"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { build } from "tsup"
+import { standalone } from "../../../../build/standalone.js"
 
 /**
  * The worker CLI as a separate process, so a test can `kill -9` its
- * controller. The CLI is bundled from source once per test file (workspace
- * packages inlined, dependencies left to node_modules) next to the package,
+ * controller. The CLI is bundled from source once per test file, as the
+ * package's build makes its bin (build/standalone.ts), next to the package,
  * where it finds the packaged execution-unit script as the built package does.
  */
 
@@ -16,7 +17,7 @@ let built: Promise<string> | null = null
 
 /** Builds the CLI bundle (once per process); resolves to its path. */
 export const bundle = (): Promise<string> =>
-  (built ??= bundleEntry(fileURLToPath(new URL("../fixtures/cli-entry.ts", import.meta.url)), "cli", outDir).then(() => `${outDir}cli.js`))
+  (built ??= bundleEntry(fileURLToPath(new URL("../fixtures/cli-entry.ts", import.meta.url)), "cli", outDir, { standalone: true }).then(() => `${outDir}cli.js`))
 
 /**
  * Bundles one TypeScript entry to `<outDir>/<name>.js`. `outDir` must sit one
@@ -25,28 +26,34 @@ export const bundle = (): Promise<string> =>
  * same entries while others run them: the bundle is written to a folder of
  * this process's own and renamed into place, so no process ever reads a
  * half-written file. Workspace packages are inlined and other dependencies
- * left to node_modules, except in a `standalone` bundle, which holds them all,
- * as the package's build makes the execution unit and the demo scanner.
+ * left to node_modules, as an embedder's build would, except in a `standalone`
+ * bundle, which the package's build makes of its CLI, execution unit and demo
+ * scanner (build/standalone.ts).
  */
 export const bundleEntry = async (entry: string, name: string, dir: string, opts: { readonly standalone?: boolean } = {}): Promise<void> => {
   const scratch = join(dir, `.tmp-${process.pid}-${name}`)
-  await build({
-    entry: { [name]: entry },
-    outDir: scratch,
-    format: ["esm"],
-    platform: "node",
-    target: "node20",
-    config: false,
-    silent: true,
-    dts: false,
-    sourcemap: false,
-    clean: false,
-    splitting: false,
-    ...(opts.standalone ? { noExternal: [/^[^./]/] } : { noExternal: [/^@scanfleet\//], external: [/^(?!@scanfleet\/)[^./]/] }),
-    esbuildOptions: (o) => {
-      o.conditions = ["@scanfleet/source"]
-    }
-  })
+  await build(
+    opts.standalone
+      ? { ...standalone(name, { [name]: entry }, scratch), config: false, silent: true }
+      : {
+          entry: { [name]: entry },
+          outDir: scratch,
+          format: ["esm"],
+          platform: "node",
+          target: "node20",
+          config: false,
+          silent: true,
+          dts: false,
+          sourcemap: false,
+          clean: false,
+          splitting: false,
+          noExternal: [/^@scanfleet\//],
+          external: [/^(?!@scanfleet\/)[^./]/],
+          esbuildOptions: (o) => {
+            o.conditions = ["@scanfleet/source"]
+          }
+        }
+  )
   // Executable before it is in place: some bundles run as commands of their own.
   for (const file of readdirSync(scratch)) {
     chmodSync(join(scratch, file), 0o755)
