@@ -1,4 +1,4 @@
-import { Cause, HashMap, Inspectable, List, Logger, type LogLevel } from "effect"
+import { Cause, Effect, FiberRef, HashMap, HashSet, Inspectable, Layer, List, Logger, type LogLevel } from "effect"
 
 /**
  * The one log schema of every scanfleet program (server, worker, demo): one
@@ -61,7 +61,7 @@ const text = (u: unknown): string => (typeof u === "string" ? u : Inspectable.to
 /**
  * An Effect logger producing lines of this schema: log annotations and spans
  * become fields, a cause becomes the `cause` field. Pair it with a sink, for
- * example `Logger.withConsoleError(LogLine.logger("json"))`.
+ * example `Logger.withConsoleError(LogLine.logger("json"))`, or use `toConsole`.
  *
  * @example
  * const live = Logger.replace(Logger.defaultLogger, Logger.withConsoleError(LogLine.logger("pretty")))
@@ -75,3 +75,29 @@ export const logger = (layout: Format): Logger.Logger<unknown, string> =>
     if (!Cause.isEmpty(cause)) fields.cause = Cause.pretty(cause, { renderErrorCause: true })
     return format({ time: date.getTime(), level: levelOf(logLevel), message: parts.map(text).join(" "), fields }, layout)
   })
+
+/** The writers `toConsole` installs, one per stream and format, so installing one twice adds nothing. */
+const writers = {
+  stdout: { json: Logger.withConsoleLog(logger("json")), pretty: Logger.withConsoleLog(logger("pretty")) },
+  stderr: { json: Logger.withConsoleError(logger("json")), pretty: Logger.withConsoleError(logger("pretty")) }
+} as const
+const ours: ReadonlySet<Logger.Logger<unknown, unknown>> = new Set<Logger.Logger<unknown, unknown>>(Object.values(writers).flatMap((w) => [w.json, w.pretty]))
+
+/**
+ * Writes this schema's lines in `layout` to the console's `stream`, in place of
+ * Effect's default logger and of any writer this function installed before
+ * (the command line's, the server's), so each line is written once however
+ * many layers ask for a writer. Loggers added by the application stay.
+ *
+ * @example
+ * Effect.logInfo("ready").pipe(Effect.provide(LogLine.toConsole("stderr", "pretty")))
+ */
+export const toConsole = (stream: "stdout" | "stderr", layout: Format): Layer.Layer<never> =>
+  Layer.scopedDiscard(
+    Effect.locallyScopedWith(FiberRef.currentLoggers, (installed) =>
+      HashSet.add(
+        HashSet.filter(installed, (l) => l !== Logger.defaultLogger && !ours.has(l)),
+        writers[stream][layout]
+      )
+    )
+  )

@@ -202,7 +202,7 @@ const logLevels = { debug: LogLevel.Debug, info: LogLevel.Info, warning: LogLeve
 
 /** Logs on stdout in the one scanfleet schema (`LogLine`: JSON lines, or `pretty`) at the configured level. */
 export const logger = (level: ServerConfig["logLevel"], format: ServerConfig["logFormat"] = "json"): Layer.Layer<never> =>
-  Layer.merge(Logger.replace(Logger.defaultLogger, Logger.withConsoleLog(LogLine.logger(format))), Logger.minimumLogLevel(logLevels[level]))
+  Layer.merge(LogLine.toConsole("stdout", format), Logger.minimumLogLevel(logLevels[level]))
 
 /**
  * The running server as a layer, over any `Store` with its operator port: the Worker API, the

@@ -67,7 +67,7 @@ describe("scanfleet-server CLI (real child processes, SQLite file)", { timeout: 
     expect(usage.stderr).toContain("unknown command")
   })
 
-  it("serve uses what the CLI stored; SIGTERM stops accepting, finishes the request in flight, and exits 0; tokens never reach the logs", async () => {
+  it("serve uses what the CLI stored; SIGTERM stops accepting, finishes the request in flight, and exits 0; tokens never reach the logs, and each line is logged once", async () => {
     const s = await serve([], { ...env, SCANFLEET_LOG_LEVEL: "debug" }, 150_000)
     servers.push(s)
     const cfg = await (await fetch(`${s.url}/v1/admin/config`, { headers: { authorization: `Bearer ${adminToken}` } })).json()
@@ -104,6 +104,8 @@ describe("scanfleet-server CLI (real child processes, SQLite file)", { timeout: 
     expect(await s.exited).toBe(0)
     const log = s.output()
     expect(log).toContain('"message":"server stopped"')
+    // Written once, on stdout: the command line's writer and the server's are one (LogLine.toConsole).
+    for (const message of ["server listening", "server stopped"]) expect(log.split("\n").filter((l) => l.includes(`"message":"${message}"`)), message).toHaveLength(1)
     expect(log).toContain('"message":"http"')
     expect(log).not.toContain(deviceToken)
     expect(log).not.toContain(adminToken)

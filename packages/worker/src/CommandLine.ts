@@ -106,7 +106,7 @@ export const refusal = (name: string, tree: ReadonlyArray<Entry>, argv: Readonly
 }
 
 /** The log layer of a command: the one schema (`LogLine`) on stderr, at `format`. */
-export const logger = (format: LogLine.Format): Layer.Layer<never> => Logger.replace(Logger.defaultLogger, Logger.withConsoleError(LogLine.logger(format)))
+export const logger = (format: LogLine.Format): Layer.Layer<never> => LogLine.toConsole("stderr", format)
 
 /**
  * Runs `argv` (without `node` and the script) through the application and
