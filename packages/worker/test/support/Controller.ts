@@ -32,28 +32,12 @@ export const bundle = (): Promise<string> =>
  */
 export const bundleEntry = async (entry: string, name: string, dir: string, opts: { readonly standalone?: boolean } = {}): Promise<void> => {
   const scratch = join(dir, `.tmp-${process.pid}-${name}`)
-  await build(
-    opts.standalone
-      ? { ...standalone(name, { [name]: entry }, scratch), config: false, silent: true }
-      : {
-          entry: { [name]: entry },
-          outDir: scratch,
-          format: ["esm"],
-          platform: "node",
-          target: "node20",
-          config: false,
-          silent: true,
-          dts: false,
-          sourcemap: false,
-          clean: false,
-          splitting: false,
-          noExternal: [/^@scanfleet\//],
-          external: [/^(?!@scanfleet\/)[^./]/],
-          esbuildOptions: (o) => {
-            o.conditions = ["@scanfleet/source"]
-          }
-        }
-  )
+  await build({
+    ...standalone(name, { [name]: entry }, scratch),
+    config: false,
+    silent: true,
+    ...(opts.standalone ? {} : { noExternal: [/^@scanfleet\//], external: [/^(?!@scanfleet\/)[^./]/] })
+  })
   // Executable before it is in place: some bundles run as commands of their own.
   for (const file of readdirSync(scratch)) {
     chmodSync(join(scratch, file), 0o755)
