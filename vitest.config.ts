@@ -59,10 +59,13 @@ const forks = Math.max(4, 2 * availableParallelism())
 /**
  * Files whose tests assert how soon something happens after a deadline
  * (every process dead within grace + 1 s, a lease handed over within one
- * period plus a poll, health answers within 1 s under load). They run first,
- * in projects of their own, so that the CPU-heavy files (the packaging
- * type-checks and installs, the 200 MB floods, the doc blocks, the load test)
- * never share the two cores with them. The per-level Containment files run
+ * period plus a poll, health answers within 1 s under load). They run in
+ * projects of their own, one group at a time, so that the CPU-heavy files (the
+ * packaging type-checks and installs, the 200 MB floods, the doc blocks, the
+ * load test) never take the two cores from them: a plain `vitest run` runs the
+ * groups first and the rest after them; `npm test` (test/run.mjs) runs the
+ * groups in one `vitest run` and the rest in another beside it at nice 19, so
+ * the rest uses the CPU the groups leave while they wait. The per-level Containment files run
  * the same scanners in the same order, so run together they would fork-storm
  * at the same moment during the grace they measure: two levels per group at
  * most, and freeze-kill alone.
