@@ -443,14 +443,17 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
       // Whole days, six hours, hours and ten minutes come from the rollups, what is left at the two
       // ends from raw rows: counts of exactly the window, in log buckets. The raw rows are counted
       // by bucket before they are spread over the 32 columns, so each of the thousands of rows at an
-      // edge costs its bucket and one count, not 32 cases and 32 sums.
+      // edge costs its bucket and one count, not 32 cases and 32 sums. Their counts are integers, as
+      // the rollups' columns are, so the union's columns stay integers and PostgreSQL sums them into
+      // a bigint; a bigint count would make every column a bigint, summed into a numeric (19,000 rows
+      // of 32 columns: 11.4 ms against 18.5). A raw stretch is under ten minutes.
       const parts = Rollups.plan(q.from, q.to).map((p) =>
         p._tag === "rollup"
           ? sql`SELECT source, metric, outcome, chunk, ${sql.literal(slots.map((i) => `c${i}`).join(", "))} FROM duration_rollups
               WHERE ${filters(sql`span = ${p.span} AND start >= ${p.from} AND start < ${p.to}`)}`
           : sql`SELECT source${sql.literal(bytes)} AS source, metric${sql.literal(bytes)} AS metric, outcome${sql.literal(bytes)} AS outcome,
               b >> 5 AS chunk, ${sql.literal(slots.map((i) => `CASE WHEN b & 31 = ${i} THEN n ELSE 0 END AS c${i}`).join(", "))}
-              FROM (SELECT source, metric, outcome, ${sql.literal(Rollups.bucketSql("ms"))} AS b, count(*) AS n FROM durations
+              FROM (SELECT source, metric, outcome, ${sql.literal(Rollups.bucketSql("ms"))} AS b, CAST(count(*) AS INTEGER) AS n FROM durations
                 WHERE ${filters(sql`at >= ${p.from} AND at < ${p.to}`)} GROUP BY 1, 2, 3, 4) AS r`
       )
       if (parts.length === 0) return Effect.succeed([])
