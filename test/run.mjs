@@ -34,14 +34,14 @@ if (args.length > 0) {
   child.on("close", (code) => process.exit(code ?? 1))
 } else {
   /** One `vitest run` of the given projects, its output passed on line by line so the two never cut into each other's lines. */
-  const run = (name, projects, idle) => {
+  const run = (name, projects, niced) => {
     const started = Date.now()
     const argv = [vitest, "run", ...projects.flatMap((p) => ["--project", p])]
     // Piped, vitest would drop its colours; a terminal still gets them.
     const options = { cwd: root, env: process.stdout.isTTY ? { FORCE_COLOR: "1", ...process.env } : process.env }
     const child = spawn(process.execPath, argv, options)
     // Before vitest has started anything: its children inherit the priority.
-    if (idle) setPriority(child.pid, 19)
+    if (niced) setPriority(child.pid, 19)
     children.add(child)
     for (const [from, to] of [
       [child.stdout, process.stdout],
@@ -49,7 +49,7 @@ if (args.length > 0) {
     ])
       createInterface({ input: from, crlfDelay: Infinity }).on("line", (line) => to.write(line + "\n"))
     return new Promise((resolve) =>
-      child.on("close", (code, signal) => resolve({ name, ok: code === 0, how: signal ?? `exit ${code}`, seconds: (Date.now() - started) / 1000, child }))
+      child.on("close", (code, signal) => resolve({ name, ok: code === 0, how: signal ?? `exit ${code}`, seconds: (Date.now() - started) / 1000 }))
     )
   }
 
