@@ -441,23 +441,26 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
       // Raw rows group by bytes, as the rollups' "C" columns do on Postgres.
       const bytes = dialect.bytes
       // Whole days, six hours, hours and ten minutes come from the rollups, what is left at the two
-      // ends from raw rows: counts of exactly the window, in log buckets. The raw rows are counted
+      // ends from raw rows, each part added or taken away as Rollups.plan chose: counts of exactly
+      // the window, in log buckets. The raw rows are counted
       // by bucket before they are spread over the 32 columns, so each of the thousands of rows at an
       // edge costs its bucket and one count, not 32 cases and 32 sums. Their counts are integers, as
       // the rollups' columns are, so the union's columns stay integers and PostgreSQL sums them into
       // a bigint; a bigint count would make every column a bigint, summed into a numeric (19,000 rows
-      // of 32 columns: 11.4 ms against 18.5). A raw stretch is under ten minutes.
-      const parts = Rollups.plan(q.from, q.to).map((p) =>
-        p._tag === "rollup"
-          ? sql`SELECT source, metric, outcome, chunk, ${sql.literal(slots.map((i) => `c${i}`).join(", "))} FROM duration_rollups
+      // of 32 columns: 11.4 ms against 18.5). A raw stretch is under ten minutes. A part
+      // the plan takes away is read with its counts negated.
+      const parts = Rollups.plan(q.from, q.to).map((p) => {
+        const neg = p.sign === 1 ? "" : "-"
+        return p._tag === "rollup"
+          ? sql`SELECT source, metric, outcome, chunk, ${sql.literal(slots.map((i) => `${neg}c${i} AS c${i}`).join(", "))} FROM duration_rollups
               WHERE ${filters(sql`span = ${p.span} AND start >= ${p.from} AND start < ${p.to}`)}`
           : sql`SELECT source${sql.literal(bytes)} AS source, metric${sql.literal(bytes)} AS metric, outcome${sql.literal(bytes)} AS outcome,
               b >> 5 AS chunk, ${sql.literal(slots.map((i) => `CASE WHEN b & 31 = ${i} THEN n ELSE 0 END AS c${i}`).join(", "))}
-              FROM (SELECT source, metric, outcome, ${sql.literal(Rollups.bucketSql("ms"))} AS b, CAST(count(*) AS INTEGER) AS n FROM durations
+              FROM (SELECT source, metric, outcome, ${sql.literal(Rollups.bucketSql("ms"))} AS b, ${sql.literal(neg)}CAST(count(*) AS INTEGER) AS n FROM durations
                 WHERE ${filters(sql`at >= ${p.from} AND at < ${p.to}`)} GROUP BY 1, 2, 3, 4) AS r`
-      )
+      })
       if (parts.length === 0) return Effect.succeed([])
-      const read = sql<Row>`
+      const counts = sql<Row>`
             SELECT source, metric, outcome, chunk, ${sql.literal(slots.map((i) => `CAST(sum(c${i}) AS DOUBLE PRECISION) AS c${i}`).join(", "))}
             FROM (${sql.join(" UNION ALL ", false)(parts)}) AS u
             GROUP BY source, metric, outcome, chunk`
@@ -465,10 +468,25 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
       // rows of two edges, and starting workers and merging their sorted groups cost more than they
       // save (one source over seven days with edges mid-hour, 100,000 durations: 55 ms of execution
       // with two workers, 18 ms without; workload 6's slowest query 82 ms with them, 45 ms without).
-      const serial = isPg ? sql.withTransaction(Effect.zipRight(sql`SELECT set_config('max_parallel_workers_per_gather', '0', true)`, read)) : read
+      // The parts it takes away must find in the rollups exactly the raw rows they subtract, so the
+      // deltas an older writer may have left are folded in the read's own snapshot (REPEATABLE READ):
+      // a delta committed after it is invisible there with its durations.
+      const read: Effect.Effect<ReadonlyArray<Row>, Errors.StoreError> = isPg
+        ? retryConflicts(
+            mapped(
+              sql.withTransaction(
+                sql`SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`.pipe(
+                  Effect.zipRight(sql`SELECT set_config('max_parallel_workers_per_gather', '0', true)`),
+                  Effect.zipRight(foldDeltas),
+                  Effect.zipRight(counts)
+                )
+              )
+            )
+          )
+        : mapped(counts)
       return mapped(
         Effect.map(
-          Effect.zipRight(Effect.zipRight(foldAllPending, foldDeltas), serial),
+          Effect.zipRight(foldAllPending, read),
           (rows) => {
             // One histogram per group, merged from its chunks, read by core's rank rule.
             const groups = new Map<string, { key: Row; h: Map<number, number> }>()
