@@ -40,8 +40,12 @@ const cheapest = (a: number, b: number, level: number, seen: Map<string, Plan>):
   const known = seen.get(key)
   if (known) return known
   let best = cheapest(a, b, level + 1, seen)
-  const edge = (x: number, y: number): Plan =>
-    x <= y ? cheapest(x, y, level + 1, seen) : ((p) => ({ cost: p.cost, parts: flip(p.parts) }))(cheapest(y, x, level + 1, seen))
+  // [x, y) from the shorter spans, added; when x > y, [y, x) taken away
+  const edge = (x: number, y: number): Plan => {
+    if (x <= y) return cheapest(x, y, level + 1, seen)
+    const away = cheapest(y, x, level + 1, seen)
+    return { cost: away.cost, parts: flip(away.parts) }
+  }
   for (const lo of new Set([Math.ceil(a / s) * s, Math.floor(a / s) * s]))
     for (const hi of new Set([Math.floor(b / s) * s, Math.ceil(b / s) * s])) {
       if (!(lo < hi && Number.isSafeInteger(lo) && Number.isSafeInteger(hi))) continue
@@ -59,11 +63,12 @@ const cheapest = (a: number, b: number, level: number, seen: Map<string, Plan>):
  * Splits [from, to) into whole days and, towards its edges, whole six hours, hours and ten
  * minutes, and the raw rows of what is left at its two ends, choosing at each edge whether
  * to round inwards and add what remains or outwards and take the excess away: a window that
- * starts at 00:39 reads its first day whole and takes away four ten-minute rollups less a
- * minute of raw rows, instead of adding five hours, two ten minutes and a minute. The parts
- * are the cheapest such plan (rollup starts, a raw minute costing two), never costlier than
- * rounding every edge inwards; their signed counts count every instant of [from, to) once
- * and every other instant not at all, so the merged counts are those of the window itself.
+ * starts at 00:39 reads its first day whole, takes away the day's first hour and adds back
+ * two ten-minute rollups and a minute of raw rows, instead of adding a minute, two ten
+ * minutes, five hours and three six hours. The parts are the cheapest such plan (rollup
+ * starts, a raw minute costing two), never costlier than rounding every edge inwards; their
+ * signed counts count every instant of [from, to) once and every other instant not at all,
+ * so the merged counts are those of the window itself.
  */
 export const plan = (from: number, to: number): ReadonlyArray<Part> => cheapest(from, to, 0, new Map()).parts
 
