@@ -434,6 +434,7 @@ ${schemaBlock("Error body:", WorkerApi.ErrorBodySchema, "output")}
 | 422 | \`progress_rejected:<reason>\`, \`invalid_config\` | a progress batch contradicts the timeline; a configuration breaks a rule |
 | 500 | \`store_corrupt\`, \`store_internal\`, \`internal\` | the database file is damaged, or a server defect (the log has the detail) |
 | 503 | \`store_unavailable\`, \`store_full\`, \`store_busy\` | the database cannot be reached, is out of space or memory, or stayed locked past the server's retries; the \`Retry-After\` header says when to retry (5, 30 and 1 s) |
+| 503 | \`shutting_down\` | the server is stopping: a request that arrived after it stopped handling new ones, answered with \`Retry-After: 1\` and \`Connection: close\`; retry it (on another instance, or once this one is back) |
 
 ## Limits
 

@@ -128,9 +128,10 @@ const accessLog = HttpMiddleware.make((httpApp) =>
 )
 
 // Acquired before the HTTP listener, so released after it has stopped
-// accepting: waits (at most `graceMs`) for requests still in flight before the
-// store below it is closed.
-const drain = (graceMs: number) =>
+// accepting: waits for requests still in flight before the store below it is
+// closed, for what is left of `graceMs` since the listener began to close
+// (`stopping.since`; the close itself waits at most `graceMs`, Responses.stoppable).
+const drain = (graceMs: number, stopping: { since: number | null }) =>
   Layer.scoped(
     InFlight,
     Effect.gen(function* () {
@@ -144,7 +145,8 @@ const drain = (graceMs: number) =>
             yield* Effect.logInfo("waiting for requests in flight")
             // A finalizer runs uninterruptibly, and a timeout can only end what it can interrupt:
             // without `interruptible` the wait is not bounded at all.
-            const drained = yield* Deferred.await(d).pipe(Effect.interruptible, Effect.timeoutOption(Duration.millis(graceMs)))
+            const left = stopping.since === null ? graceMs : Math.max(0, graceMs - (Date.now() - stopping.since))
+            const drained = yield* Deferred.await(d).pipe(Effect.interruptible, Effect.timeoutOption(Duration.millis(left)))
             if (drained._tag === "None")
               yield* Effect.logWarning("requests still in flight at shutdown; stopping without them").pipe(
                 Effect.annotateLogs({ inFlight: yield* Ref.get(count), graceMs })
@@ -218,10 +220,19 @@ export const logger = (level: ServerConfig["logLevel"], format: ServerConfig["lo
 export const layer = (
   config: ServerConfig
 ): Layer.Layer<Info | Metrics.Metrics | Store.Store | Operations.Operations | Settings, ServeError, Store.Store | Operations.Operations> => {
-  const listener = NodeHttpServer.layer(() => answeringLiveness(Responses.settlingEnds(createServer({ keepAliveTimeout: 5000, requestTimeout: 60_000 }))), {
-    host: config.host,
-    port: config.port
-  })
+  // When the listener began to close: one grace for the close and the requests in flight together.
+  const stopping: { since: number | null } = { since: null }
+  const listener = NodeHttpServer.layer(
+    () => {
+      stopping.since = null
+      const server = Responses.settlingEnds(createServer({ keepAliveTimeout: 5000, requestTimeout: 60_000 }))
+      return answeringLiveness(Responses.stoppable(server, config.shutdownGraceMs, () => void (stopping.since ??= Date.now())))
+    },
+    {
+      host: config.host,
+      port: config.port
+    }
+  )
   const info = Layer.effect(
     Info,
     HttpServer.addressWith((address) =>
@@ -235,7 +246,7 @@ export const layer = (
   )
   // Request fibers run on the turn-sliced scheduler below (see `turnSliced`).
   const serve = Layer.scopedDiscard(Effect.withScheduler(HttpServer.serveEffect(app, accessLog), turnSliced(sliceMs)))
-  const running = Layer.mergeAll(serve, info).pipe(Layer.provide(listener), Layer.provide(drain(config.shutdownGraceMs)), Layer.provide(Webhooks.layer(config)))
+  const running = Layer.mergeAll(serve, info).pipe(Layer.provide(listener), Layer.provide(drain(config.shutdownGraceMs, stopping)), Layer.provide(Webhooks.layer(config)))
   // The operator port passes through, so co-located fibers (discovery's leases) use the same one.
   const operations = Layer.effect(Operations.Operations, Operations.Operations)
   return Layer.mergeAll(running, Sweeper.layer(config.sweepIntervalMs), operations).pipe(

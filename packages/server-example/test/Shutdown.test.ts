@@ -96,3 +96,82 @@ describe("Server.layer stopping", () => {
     }
   })
 })
+
+describe("a listener that stops (Responses.stoppable)", () => {
+  const listen = (server: NodeServer) => new Promise<number>((resolve) => server.listen(0, "127.0.0.1", () => resolve((server.address() as { port: number }).port)))
+  const get = (port: number) =>
+    new Promise<{ status: number; headers: Record<string, unknown>; body: string }>((resolve, reject) => {
+      const req = request({ host: "127.0.0.1", port, path: "/v1/assignments/claim" }, (res) => {
+        let body = ""
+        res.on("data", (c) => (body += c))
+        res.on("end", () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body }))
+      })
+      req.on("error", reject)
+      req.end()
+    })
+
+  it("answers 503 shutting_down, with Retry-After and Connection: close, a request that reaches no handler, and leaves requests to the handler once one is attached", async () => {
+    const server = Responses.stoppable(Responses.settlingEnds(createServer()), 1000)
+    const port = await listen(server)
+    try {
+      // the app's handler detached, the listener not closed yet: what a stopping server goes through
+      const refused = await within(5000, get(port))
+      expect(refused).toMatchObject({ status: 503, headers: { "retry-after": "1", connection: "close" } })
+      expect(JSON.parse((refused as { body: string }).body)).toMatchObject({ error: "shutting_down" })
+      server.on("request", (_req, res) => void res.end("handled"))
+      expect(await within(5000, get(port))).toMatchObject({ status: 200, body: "handled" })
+    } finally {
+      server.closeAllConnections()
+      server.close()
+    }
+  })
+
+  it("destroys the connections still open graceMs after close begins: a client trickling its body no longer holds the close for ever", async () => {
+    let entered = false
+    // the app's handler attached after the wrapper, as @effect/platform-node attaches it
+    const server = Responses.stoppable(createServer(), 300)
+    server.on("request", (req, res) => {
+      entered = true
+      req.resume()
+      req.on("end", () => res.end("ok"))
+    })
+    const port = await listen(server)
+    const req = request({ host: "127.0.0.1", port, method: "POST", path: "/", headers: { "content-length": 1000 } })
+    req.on("error", () => {})
+    req.write("x".repeat(10))
+    for (let i = 0; i < 500 && !entered; i++) await new Promise((r) => setTimeout(r, 10))
+    expect(entered).toBe(true)
+    const started = Date.now()
+    // Node stops enforcing its request timeout once the listener closes: without the bound, this waits for ever
+    expect(await within(5000, new Promise((r) => server.close(() => r("closed"))))).toBe("closed")
+    expect(Date.now() - started).toBeGreaterThanOrEqual(250)
+    req.destroy()
+  })
+})
+
+describe("Server.layer stopping with a request that never finishes arriving", () => {
+  it("stops within shutdownGraceMs of a client that keeps its request body open, and logs the server stopped", async () => {
+    const lines: Array<string> = []
+    vi.spyOn(console, "log").mockImplementation((...a: Array<unknown>) => void lines.push(a.map(String).join(" ")))
+    try {
+      const adminToken = "test-admin-token-0123456789abcdef"
+      const config = ServerConfig.make({ adminToken, host: "127.0.0.1", port: 0, sweepIntervalMs: 100, logLevel: "info", databaseUrl: "memory:", shutdownGraceMs: 300 })
+      const memory = Layer.effectContext(Effect.sync(() => {
+        const m = MemoryStore.make()
+        return Context.make(Store.Store, m).pipe(Context.add(Operations.Operations, MemoryOperations.make(m)))
+      }))
+      const rt = ManagedRuntime.make(Server.layer(config).pipe(Layer.provide(memory)))
+      const info = await rt.runPromise(Server.Info)
+      // headers and the start of a body that never ends: the route waits for the rest
+      const req = request({ host: "127.0.0.1", port: info.port, method: "POST", path: "/v1/admin/config/preview", headers: { authorization: `Bearer ${adminToken}`, "content-length": 10_000 } })
+      req.on("error", () => {})
+      req.write('{"assignments":')
+      await new Promise((r) => setTimeout(r, 300))
+      expect(await within(10_000, rt.dispose().then(() => "stopped"))).toBe("stopped")
+      expect(lines.map((l) => JSON.parse(l).message)).toContain("server stopped")
+      req.destroy()
+    } finally {
+      vi.restoreAllMocks()
+    }
+  })
+})

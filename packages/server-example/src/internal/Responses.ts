@@ -34,3 +34,38 @@ export const settlingEnds = (server: Server): Server =>
       return Reflect.apply(end, this, [...args.slice(0, -1), answer])
     } as ServerResponse["end"]
   })
+
+const stopping = JSON.stringify({ error: "shutting_down", message: "the server is stopping; retry the request (on another instance, or once this one is back)" })
+
+/**
+ * Makes the listener impossible to hold open while the server stops.
+ *
+ * As the server stops, `@effect/platform-node` detaches its request handler first and
+ * then closes the listener, which waits for every connection with a request in
+ * progress. A request whose headers are read in between (a client that connected just
+ * before, on a loaded machine) reached no handler and was never answered, so the close,
+ * and the server's exit, waited for ever. Such a request is now answered 503
+ * `shutting_down` with `Retry-After: 1` and `Connection: close`. And once `close` is
+ * called, the connections still open after `graceMs` (a client trickling its body, a
+ * request whose handler does not come back) are destroyed: Node stops enforcing its
+ * request timeout when the listener closes, so the wait had no other bound. `onClose`
+ * is told when the close begins.
+ */
+export const stoppable = (server: Server, graceMs: number, onClose: () => void = () => {}): Server => {
+  // the listeners installed before the app's handler, this one included
+  const own = server.listenerCount("request") + 1
+  server.on("request", (_req: IncomingMessage, res: ServerResponse) => {
+    if (server.listenerCount("request") > own || res.headersSent) return
+    res.writeHead(503, { "content-type": "application/json", "content-length": Buffer.byteLength(stopping), "retry-after": "1", connection: "close" }).end(stopping)
+  })
+  const close = server.close.bind(server)
+  server.close = ((callback?: (err?: Error) => void) => {
+    onClose()
+    const timer = setTimeout(() => server.closeAllConnections(), graceMs)
+    return close((err?: Error) => {
+      clearTimeout(timer)
+      callback?.(err)
+    })
+  }) as Server["close"]
+  return server
+}
