@@ -112,6 +112,39 @@ describe("scanfleet-server CLI (real child processes, SQLite file)", { timeout: 
     for (const line of log.split("\n").filter((l) => l.trim() !== "")) expect(() => JSON.parse(line), line).not.toThrow()
   })
 
+  it("a request whose headers are read only after SIGTERM is answered 503 shutting_down, and the server still exits 0", async () => {
+    const s = await serve([], env, 150_000)
+    servers.push(s)
+    const port = Number(new URL(s.url).port)
+    const body = JSON.stringify(Config.defaults)
+    // Stopped, the server reads nothing: the signal and the request's headers wait together, and
+    // it handles the signal first (its request handler detached), then reads the headers.
+    s.child.kill("SIGSTOP")
+    const answer = new Promise<{ status: number; headers: Record<string, unknown>; text: string }>((resolve, reject) => {
+      const req = request(
+        { host: "127.0.0.1", port, method: "POST", path: "/v1/admin/config/preview", headers: { authorization: `Bearer ${adminToken}`, "content-length": Buffer.byteLength(body) } },
+        (res) => {
+          let text = ""
+          res.on("data", (c) => (text += c))
+          res.on("end", () => resolve({ status: res.statusCode ?? 0, headers: res.headers, text }))
+        }
+      )
+      req.on("error", reject)
+      req.write(body.slice(0, 40))
+      setTimeout(() => req.end(body.slice(40)), 300)
+    })
+    await new Promise((r) => setTimeout(r, 100))
+    s.child.kill("SIGTERM")
+    s.child.kill("SIGCONT")
+    // Before, the request reached no handler: no answer, and the listener's close waited for it for ever.
+    const within = <A>(p: Promise<A>) => Promise.race([p, new Promise<"no answer in 30 s">((r) => setTimeout(() => r("no answer in 30 s"), 30_000))])
+    const r = await within(answer)
+    expect(r).toMatchObject({ status: 503, headers: { "retry-after": "1", connection: "close" } })
+    expect(JSON.parse((r as { text: string }).text)).toMatchObject({ error: "shutting_down" })
+    expect(await within(s.exited)).toBe(0)
+    expect(s.output()).toContain('"message":"server stopped"')
+  })
+
   it("serve --sources FILE runs discovery beside the server; a sources file naming no source is refused", async () => {
     const dir = dirname(db.url.replace(/^sqlite:/, ""))
     const empty = join(dir, "no-sources.json")
