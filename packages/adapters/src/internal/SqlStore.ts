@@ -441,14 +441,14 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
       // Raw rows group by bytes, as the rollups' "C" columns do on Postgres.
       const bytes = dialect.bytes
       // Whole days, six hours, hours and ten minutes come from the rollups, what is left at the two
-      // ends from raw rows, each part added or taken away as Rollups.plan chose: counts of exactly
-      // the window, in log buckets. The raw rows are counted
-      // by bucket before they are spread over the 32 columns, so each of the thousands of rows at an
-      // edge costs its bucket and one count, not 32 cases and 32 sums. Their counts are integers, as
-      // the rollups' columns are, so the union's columns stay integers and PostgreSQL sums them into
-      // a bigint; a bigint count would make every column a bigint, summed into a numeric (19,000 rows
-      // of 32 columns: 11.4 ms against 18.5). A raw stretch is under ten minutes. A part
-      // the plan takes away is read with its counts negated.
+      // ends from raw rows, each part added or taken away as Rollups.plan chose (a part taken away is
+      // read with its counts negated): counts of exactly the window, in log buckets. The raw rows
+      // are counted by bucket before they are spread over the 32 columns, so each of the thousands
+      // of rows at an edge costs its bucket and one count, not 32 cases and 32 sums. Their counts
+      // are integers, as the rollups' columns are, so the union's columns stay integers and
+      // PostgreSQL sums them into a bigint; a bigint count would make every column a bigint, summed
+      // into a numeric (19,000 rows of 32 columns: 11.4 ms against 18.5). A raw stretch is under
+      // ten minutes.
       const parts = Rollups.plan(q.from, q.to).map((p) => {
         const neg = p.sign === 1 ? "" : "-"
         return p._tag === "rollup"

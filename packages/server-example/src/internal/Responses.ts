@@ -35,7 +35,7 @@ export const settlingEnds = (server: Server): Server =>
     } as ServerResponse["end"]
   })
 
-const stopping = JSON.stringify({ error: "shutting_down", message: "the server is stopping; retry the request (on another instance, or once this one is back)" })
+const shuttingDown = JSON.stringify({ error: "shutting_down", message: "the server is stopping; retry the request (on another instance, or once this one is back)" })
 
 /**
  * Makes the listener impossible to hold open while the server stops.
@@ -56,7 +56,7 @@ export const stoppable = (server: Server, graceMs: number, onClose: () => void =
   const own = server.listenerCount("request") + 1
   server.on("request", (_req: IncomingMessage, res: ServerResponse) => {
     if (server.listenerCount("request") > own || res.headersSent) return
-    res.writeHead(503, { "content-type": "application/json", "content-length": Buffer.byteLength(stopping), "retry-after": "1", connection: "close" }).end(stopping)
+    res.writeHead(503, { "content-type": "application/json", "content-length": Buffer.byteLength(shuttingDown), "retry-after": "1", connection: "close" }).end(shuttingDown)
   })
   const close = server.close.bind(server)
   server.close = ((callback?: (err?: Error) => void) => {
