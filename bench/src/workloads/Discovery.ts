@@ -75,10 +75,11 @@ const rawSchema = `
   CREATE INDEX targets_promotion_idx ON targets (source, (COALESCE(last_scan_started_at, completed_at, 0)), id)
     WHERE status = 'completed' AND observed_remote_at IS NOT NULL;`
 
-// The shape scanfleet's statement has had since its tenth round: each identity looked up by the unique
-// index (a lateral probe: a join is planned as a hash over the whole table), and only unknown identities
-// and known ones whose observation is newer handed to the INSERT ... ON CONFLICT, a known one with its own
-// id (given every row, ON CONFLICT would lock every known row and draw an id for each).
+// The shape of scanfleet's statement (tenth and seventeenth rounds): each identity looked up by the unique
+// index (a lateral probe: a join is planned as a hash over the whole table), a known one whose observation is
+// newer updated by its id, and only unknown identities handed to the INSERT ... ON CONFLICT (given every row,
+// ON CONFLICT would lock every known row and draw an id for each; given the newer known ones, it probes the
+// unique index again and logs a lock before each update).
 const rawRecord = `
   WITH i AS MATERIALIZED (
     SELECT u.identity, u.remote_at, u.ord, k.id AS known_id, k.observed_remote_at AS known_at
@@ -86,11 +87,16 @@ const rawRecord = `
     LEFT JOIN LATERAL (
       SELECT t.id, t.observed_remote_at FROM targets t WHERE t.source = 'github' AND t.identity = u.identity OFFSET 0
     ) AS k ON true
+  ), newer AS (
+    UPDATE targets t SET observed_remote_at = GREATEST(t.observed_remote_at, i.remote_at)
+    FROM i
+    WHERE t.id = ANY (ARRAY(SELECT i.known_id FROM i WHERE i.remote_at IS NOT NULL AND (i.known_at IS NULL OR i.remote_at > i.known_at)))
+      AND i.known_id = t.id AND (t.observed_remote_at IS NULL OR i.remote_at > t.observed_remote_at)
   )
   INSERT INTO targets (id, source, identity, status, observed_remote_at, discovered_at) OVERRIDING SYSTEM VALUE
-  SELECT COALESCE(i.known_id, nextval('targets_id_seq'::regclass)), 'github', i.identity, 'pending', i.remote_at, $3::bigint
+  SELECT nextval('targets_id_seq'::regclass), 'github', i.identity, 'pending', i.remote_at, $3::bigint
   FROM i
-  WHERE i.known_id IS NULL OR (i.remote_at IS NOT NULL AND (i.known_at IS NULL OR i.remote_at > i.known_at))
+  WHERE i.known_id IS NULL
   ORDER BY i.ord
   ON CONFLICT (source, identity) DO UPDATE
     SET observed_remote_at = GREATEST(targets.observed_remote_at, EXCLUDED.observed_remote_at)

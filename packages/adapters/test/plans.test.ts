@@ -249,7 +249,7 @@ describe("postgres query plans use the partial indexes made for them", () => {
       expect(check?.[2]).toMatch(/^Index Cond: \(+device_id = d\.id\)/)
     }).pipe(Effect.scoped), 60_000)
 
-  it.live("a discovery batch looks each identity up by the unique index, never hashes the whole table, and writes only what is new or newer", () =>
+  it.live("a discovery batch looks each identity up by the unique index, never hashes the whole table, writes only what is new or newer, and updates a newer known target by its primary key", () =>
     Effect.gen(function* () {
       const { url, wire, store } = yield* capturedStore
       // 60,000 known targets, analysed, then a batch of 5,000 of them (a tenth newer) and 5 new ones
@@ -266,7 +266,9 @@ describe("postgres query plans use the partial indexes made for them", () => {
       const plan = yield* explain(url, sent, "SELECT 1")
       console.log(`a discovery batch:\n${plan}`)
       expect(plan).toMatch(/Index Scan using targets_source_identity_key on targets/)
-      expect(plan).not.toMatch(/Seq Scan on targets|Hash (Anti |Right |Left )?Join/)
+      expect(plan).not.toMatch(/Seq Scan on targets|Bitmap Heap Scan on targets|Hash (Anti |Right |Left )Join/)
+      // a newer known target is updated through its key, not handed to the ON CONFLICT (a second probe and a logged lock each)
+      expect(plan).toMatch(/Update on targets[\s\S]*Index Scan using targets_pkey on targets\b[^\n]*\n\s*Index Cond: \(id = ANY/)
       // ids count targets: the new ones follow the 60,000 with no gap
       expect((yield* store.getTarget("github", "d/new-0")).id).toBe(60_001)
       // an unchanged target the batch named is neither rewritten nor locked (a row lock would leave its xmax set)

@@ -45,18 +45,20 @@ const result = (batch: ReadonlyArray<Target.Observation>, rows: ReadonlyArray<Ro
  * order (`WITH ORDINALITY` numbers them), so new ids follow the order of
  * discovery. Each identity is looked up once, by the unique index (a lateral
  * subquery, so the look-up is a probe per observation whatever the table's
- * size; a join here is planned as a hash over the whole table), and only the
- * unknown identities and the known ones whose observation is newer reach the
- * `INSERT … ON CONFLICT`. That statement draws an id for every row it is
- * given and locks every conflicting row even when its `DO UPDATE … WHERE`
- * changes nothing; given every observation, a cycle that re-observed a million
- * targets spent a million ids and wrote a million row locks. A known target
- * is given with its own id, and a new one draws the next, so ids count
- * discovered targets (what a priority step counts, see core's
- * `Priority.step`), and an unchanged target is read, not written. The
- * `ON CONFLICT` merges a known target's newer observation (`GREATEST` ignores
- * NULLs) and an identity another batch inserted after this statement's
- * snapshot (at the cost of one id). `xmax = 0` marks the rows it inserted.
+ * size; a join here is planned as a hash over the whole table). A known
+ * target whose observation is newer is updated by its id (a probe of the
+ * primary key), an unchanged one is read and not written, and only the unknown
+ * identities reach the `INSERT … ON CONFLICT`, each drawing the next id, so
+ * ids count discovered targets (what a priority step counts, see core's
+ * `Priority.step`). Given every observation, `ON CONFLICT` drew an id for
+ * every row and locked every known one even when its `DO UPDATE … WHERE`
+ * changed nothing (a cycle that re-observed a million targets spent a million
+ * ids and wrote a million row locks); given the newer known ones, it still
+ * probed the unique index a second time and logged a lock before each update
+ * (56 bytes of WAL and about a tenth of the server's time per changed target,
+ * performance.md, the seventeenth round). The `ON CONFLICT` merges an identity
+ * another batch inserted after this statement's snapshot (at the cost of one
+ * id; `GREATEST` ignores NULLs). `xmax = 0` marks the rows it inserted.
  *
  * Two batches upserting the same identities in different orders would lock
  * rows in different orders and deadlock; instead each batch first takes a
@@ -79,11 +81,16 @@ export const pg = (sql: SqlClient.SqlClient, batch: ReadonlyArray<Target.Observa
         WHERE (SELECT count(*) FROM (
           SELECT pg_advisory_xact_lock(hashtext('scanfleet.observe:' || s))
           FROM unnest(${[...new Set(rows.map((r) => r.source))].sort()}::text[]) AS l(s)) AS l) >= 0
+      ), newer AS (
+        UPDATE targets t SET observed_remote_at = GREATEST(t.observed_remote_at, i.remote_at)
+        FROM i
+        WHERE t.id = ANY (ARRAY(SELECT i.known_id FROM i WHERE i.remote_at IS NOT NULL AND (i.known_at IS NULL OR i.remote_at > i.known_at)))
+          AND i.known_id = t.id AND (t.observed_remote_at IS NULL OR i.remote_at > t.observed_remote_at)
       ), fresh AS (
         INSERT INTO targets (id, source, identity, status, observed_remote_at, discovered_at) OVERRIDING SYSTEM VALUE
-        SELECT COALESCE(i.known_id, nextval('targets_id_seq'::regclass)), i.source, i.identity, 'pending', i.remote_at, ${now}::bigint
+        SELECT nextval('targets_id_seq'::regclass), i.source, i.identity, 'pending', i.remote_at, ${now}::bigint
         FROM i
-        WHERE i.known_id IS NULL OR (i.remote_at IS NOT NULL AND (i.known_at IS NULL OR i.remote_at > i.known_at))
+        WHERE i.known_id IS NULL
         ORDER BY i.ord
         ON CONFLICT (source, identity) DO UPDATE
           SET observed_remote_at = GREATEST(targets.observed_remote_at, EXCLUDED.observed_remote_at)
