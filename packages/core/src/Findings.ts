@@ -102,6 +102,19 @@ export interface Unredacted {
 
 const isRedacted = (v: unknown) => Redacted.safeParse(v).success
 
+/** One place in a value being checked: its key in its parent, and the parent (a path built only when reported). */
+interface Step {
+  readonly parent: Step | undefined
+  readonly key: string | number
+  readonly value: unknown
+}
+
+const pathOf = (s: Step): ReadonlyArray<string | number> => {
+  const p: Array<string | number> = []
+  for (let c: Step | undefined = s; c !== undefined; c = c.parent) p.push(c.key)
+  return p.reverse()
+}
+
 /**
  * Every place in a finding (any depth) where a declared secret field holds
  * something other than a redaction marker ({@link declaredFor} the scanner
@@ -113,16 +126,30 @@ export const unredacted = (finding: unknown): ReadonlyArray<Unredacted> => {
   const own = Array.isArray(o.secretFields) ? (o.secretFields.filter((f) => typeof f === "string") as ReadonlyArray<string>) : []
   const declared = declaredFor(typeof o.scanner === "string" ? o.scanner : undefined, own)
   const out: Array<Unredacted> = []
-  const walk = (v: unknown, path: ReadonlyArray<string | number>, depth: number) => {
-    if (depth > 32 || v === null || typeof v !== "object") return
-    if (Array.isArray(v)) return v.forEach((x, i) => walk(x, [...path, i], depth + 1))
-    for (const [k, x] of Object.entries(v)) {
-      if (depth === 0 && (k === "raw" || k === "secretFields")) continue
-      if (declared.has(k) && x !== null && x !== undefined && x !== "" && !isRedacted(x)) out.push({ path: [...path, k], field: k })
-      else if (!isRedacted(x)) walk(x, [...path, k], depth + 1)
-    }
+  // The whole value, with no depth bound: a level the check cannot see is a level
+  // where a secret is stored in the clear. An explicit stack rather than recursion,
+  // so no depth overflows the call stack; `seen` ends a cycle or a shared object
+  // (JSON never makes one, a value built in memory may).
+  const stack: Array<Step> = []
+  const seen = new WeakSet<object>()
+  const enter = (v: unknown, at: Step | undefined) => {
+    if (v === null || typeof v !== "object" || seen.has(v)) return
+    seen.add(v)
+    const next: Array<Step> = Array.isArray(v)
+      ? v.map((x, i) => ({ parent: at, key: i, value: x }))
+      : Object.entries(v)
+          .filter(([k]) => at !== undefined || (k !== "raw" && k !== "secretFields"))
+          .map(([k, x]) => ({ parent: at, key: k, value: x }))
+    // Reversed onto the stack, so places are reported in document order.
+    for (let i = next.length - 1; i >= 0; i--) stack.push(next[i])
   }
-  walk(finding, [], 0)
+  enter(finding, undefined)
+  for (let s = stack.pop(); s !== undefined; s = stack.pop()) {
+    if (isRedacted(s.value)) continue
+    const x = s.value
+    if (typeof s.key === "string" && declared.has(s.key) && x !== null && x !== undefined && x !== "") out.push({ path: pathOf(s), field: s.key })
+    else enter(x, s)
+  }
   return out
 }
 

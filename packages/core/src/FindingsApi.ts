@@ -11,6 +11,27 @@ import { SourceSchema } from "./Source.js"
 const epochMs = z.number().int()
 const flag = z.enum(["true", "false"]).transform((v) => v === "true")
 
+/** The latest instant a JavaScript `Date` holds, epoch milliseconds. */
+const maxDateMs = 8.64e15
+
+// A calendar date, then optionally a time (seconds and fraction optional) that must
+// carry its offset: a time without one is local to whichever server reads it.
+const isoInstant = /^(\d{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01]))(?:T(?:[01]\d|2[0-3]):[0-5]\d(?::[0-5]\d(?:\.\d{1,9})?)?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d))?$/
+
+const sinceMessage = `must be an ISO-8601 instant (2025-01-31, or 2025-01-31T09:30:00Z with Z or a ±hh:mm offset) or epoch milliseconds (an integer from 0 to ${maxDateMs})`
+
+// Date.parse alone takes "March 7", "-1" and "x 1"; only the two documented forms pass.
+const sinceMs = (v: string): number | undefined => {
+  if (/^\d{1,16}$/.test(v)) return Number(v) <= maxDateMs ? Number(v) : undefined
+  const m = isoInstant.exec(v)
+  if (m === null) return undefined
+  // Date.parse rolls 2025-02-30 over into March: the day must exist in its month.
+  const day = Date.parse(`${m[1]}T00:00:00Z`)
+  if (Number.isNaN(day) || new Date(day).toISOString().slice(0, 10) !== m[1]) return undefined
+  const t = Date.parse(v)
+  return Number.isFinite(t) ? t : undefined
+}
+
 /** GET /v1/admin/findings query (also the filters of /v1/admin/findings/export). */
 export const ListQuery = z
   .object({
@@ -22,8 +43,11 @@ export const ListQuery = z
     /** ISO-8601 instant or epoch milliseconds: findings seen at or after it. */
     since: z
       .string()
-      .refine((v) => /^\d+$/.test(v) || !Number.isNaN(Date.parse(v)), "must be an ISO-8601 instant or epoch milliseconds")
-      .transform((v) => (/^\d+$/.test(v) ? Number(v) : Date.parse(v)))
+      .transform((v, ctx) => {
+        const t = sinceMs(v)
+        if (t === undefined) ctx.addIssue({ code: "custom", message: sinceMessage })
+        return t ?? z.NEVER
+      })
       .optional(),
     /** The cursor a previous page returned as `next`. */
     after: z.coerce.number().int().min(0).max(Number.MAX_SAFE_INTEGER).optional(),

@@ -1,0 +1,74 @@
+import { describe, expect, it } from "@effect/vitest"
+import { FindingsApi } from "@scanfleet/core"
+
+const since = (v: string) => FindingsApi.ListQuery.safeParse({ since: v })
+
+describe("FindingsApi.ListQuery since", () => {
+  it("accepts epoch milliseconds up to the latest Date and ISO-8601 instants (a date, or a time with Z or ±hh:mm)", () => {
+    for (const [v, ms] of [
+      ["0", 0],
+      ["1735689600000", 1735689600000],
+      ["8640000000000000", 8.64e15],
+      ["2025-01-01", Date.UTC(2025, 0, 1)],
+      ["2024-02-29", Date.UTC(2024, 1, 29)],
+      ["2025-01-01T10:00Z", Date.UTC(2025, 0, 1, 10)],
+      ["2025-01-01T10:00:00Z", Date.UTC(2025, 0, 1, 10)],
+      ["2025-01-01T10:00:00.123Z", Date.UTC(2025, 0, 1, 10, 0, 0, 123)],
+      ["2025-01-01T12:00:00+02:00", Date.UTC(2025, 0, 1, 10)],
+      ["2025-01-01T05:30:00-04:30", Date.UTC(2025, 0, 1, 10)]
+    ] as const) {
+      const r = since(v)
+      expect(r.success, v).toBe(true)
+      expect(r.data?.since, v).toBe(ms)
+    }
+    expect(FindingsApi.ExportQuery.parse({ since: "2025-01-01T10:00:00Z" }).since).toBe(Date.UTC(2025, 0, 1, 10))
+  })
+
+  it("refuses anything else, naming since", () => {
+    for (const v of [
+      "",
+      "-1",
+      "x 1",
+      "March 7",
+      "\u0000",
+      "%00",
+      " 1",
+      "1 ",
+      "1e3",
+      "0x10",
+      "1.5",
+      "+1",
+      "8640000000000001",
+      "99999999999999999999",
+      "9".repeat(400),
+      "2025 ",
+      "2025-01",
+      "2025-1-1",
+      "2025-02-29",
+      "2025-02-30",
+      "2025-13-01",
+      "2025-01-32",
+      "2025-01-01T10:00:00",
+      "2025-01-01T10:00",
+      "2025-01-01 10:00:00Z",
+      "2025-01-01T24:00:00Z",
+      "2025-01-01T10:60:00Z",
+      "2025-01-01T10:00:60Z",
+      "2025-01-01T10:00:00+0200",
+      "2025-01-01T10:00:00+02",
+      "2025-01-01T10:00:00+24:00",
+      "2025-01-01T10:00:00.Z",
+      "2025-01-01T10:00:00.1234567890Z",
+      "2025-01-01Z",
+      "+275760-09-13T00:00:00Z",
+      "Wed, 01 Jan 2025 10:00:00 GMT",
+      "2025-01-01T10:00:00Zjunk"
+    ]) {
+      const r = since(v)
+      expect(r.success, JSON.stringify(v)).toBe(false)
+      expect(r.error?.issues.map((i) => i.path), JSON.stringify(v)).toEqual([["since"]])
+      expect(r.error?.issues[0].message).toMatch(/ISO-8601 instant.* or epoch milliseconds/)
+      expect(FindingsApi.ExportQuery.safeParse({ since: v }).success, JSON.stringify(v)).toBe(false)
+    }
+  })
+})
