@@ -1,4 +1,5 @@
 import { z } from "zod"
+import { QueryInstant } from "./FindingsApi.js"
 import { actions } from "./Operations.js"
 import { PrioritySchema } from "./Priority.js"
 import { SourceSchema } from "./Source.js"
@@ -29,10 +30,6 @@ export const AddTargets = z.object({ targets: z.array(TargetInput).min(1).max(ma
 /** What adding targets did. */
 export const AddTargetsResult = z.object({ inserted: z.array(z.string()), known: z.number().int() }).strict()
 
-const time = z.union([
-  z.coerce.number().int().min(0),
-  z.string().datetime({ offset: true }).transform((s) => Date.parse(s))
-])
 
 /** GET /v1/admin/targets/search */
 export const TargetSearchQuery = z
@@ -41,7 +38,7 @@ export const TargetSearchQuery = z
     status: StatusSchema.optional(),
     prefix: z.string().min(1).max(1024).optional(),
     /** Epoch milliseconds or an ISO-8601 instant. */
-    changedSince: time.optional(),
+    changedSince: QueryInstant.optional(),
     after: z.coerce.number().int().min(0).optional(),
     limit: z.coerce.number().int().min(1).max(500).default(50)
   })

@@ -1,5 +1,6 @@
 import { z } from "zod"
 import * as Findings from "./Findings.js"
+import * as RemoteTimestamp from "./RemoteTimestamp.js"
 import { SourceSchema } from "./Source.js"
 
 /**
@@ -11,26 +12,17 @@ import { SourceSchema } from "./Source.js"
 const epochMs = z.number().int()
 const flag = z.enum(["true", "false"]).transform((v) => v === "true")
 
-/** The latest instant a JavaScript `Date` holds, epoch milliseconds. */
-const maxDateMs = 8.64e15
+const instantMessage = `must be epoch milliseconds (an integer from 0 to ${RemoteTimestamp.maxDateMs}), a date (2025-01-31) or an ISO-8601 instant with its offset (2025-01-31T09:30:00Z, or ±hh:mm)`
 
-// A calendar date, then optionally a time (seconds and fraction optional) that must
-// carry its offset: a time without one is local to whichever server reads it.
-const isoInstant = /^(\d{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01]))(?:T(?:[01]\d|2[0-3]):[0-5]\d(?::[0-5]\d(?:\.\d{1,9})?)?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d))?$/
-
-const sinceMessage = `must be an ISO-8601 instant (2025-01-31, or 2025-01-31T09:30:00Z with Z or a ±hh:mm offset) or epoch milliseconds (an integer from 0 to ${maxDateMs})`
-
-// Date.parse alone takes "March 7", "-1" and "x 1"; only the two documented forms pass.
-const sinceMs = (v: string): number | undefined => {
-  if (/^\d{1,16}$/.test(v)) return Number(v) <= maxDateMs ? Number(v) : undefined
-  const m = isoInstant.exec(v)
-  if (m === null) return undefined
-  // Date.parse rolls 2025-02-30 over into March: the day must exist in its month.
-  const day = Date.parse(`${m[1]}T00:00:00Z`)
-  if (Number.isNaN(day) || new Date(day).toISOString().slice(0, 10) !== m[1]) return undefined
-  const t = Date.parse(v)
-  return Number.isFinite(t) ? t : undefined
-}
+/**
+ * A query-string instant (core's `RemoteTimestamp.parseQueryInstant`: epoch milliseconds, a date, or
+ * ISO-8601 with its offset) as epoch milliseconds; anything else fails on its field.
+ */
+export const QueryInstant = z.string().transform((v, ctx) => {
+  const t = RemoteTimestamp.parseQueryInstant(v)
+  if (t === undefined) ctx.addIssue({ code: "custom", message: instantMessage })
+  return t ?? z.NEVER
+})
 
 /** GET /v1/admin/findings query (also the filters of /v1/admin/findings/export). */
 export const ListQuery = z
@@ -41,14 +33,7 @@ export const ListQuery = z
     status: z.enum(Findings.statuses).optional(),
     verified: flag.optional(),
     /** ISO-8601 instant or epoch milliseconds: findings seen at or after it. */
-    since: z
-      .string()
-      .transform((v, ctx) => {
-        const t = sinceMs(v)
-        if (t === undefined) ctx.addIssue({ code: "custom", message: sinceMessage })
-        return t ?? z.NEVER
-      })
-      .optional(),
+    since: QueryInstant.optional(),
     /** The cursor a previous page returned as `next`. */
     after: z.coerce.number().int().min(0).max(Number.MAX_SAFE_INTEGER).optional(),
     limit: z.coerce.number().int().min(1).max(1000).default(100)

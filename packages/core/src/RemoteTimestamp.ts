@@ -66,6 +66,21 @@ export const parseInstant = (raw: unknown): number | undefined => {
   return Number.isFinite(t) ? t : undefined
 }
 
+/** The latest instant a JavaScript `Date` holds, epoch milliseconds. */
+export const maxDateMs = 8.64e15
+
+/**
+ * An instant as an operator writes it in a query string (`since=`, `changedSince=`): epoch
+ * milliseconds (decimal digits, at most {@link maxDateMs}), a calendar date (midnight UTC), or an
+ * ISO-8601 instant with its offset ({@link parseInstant}); `undefined` for anything else, blanks
+ * around it included (`Date.parse` alone takes "March 7", "-1" and "x 1"). Never throws.
+ */
+export const parseQueryInstant = (raw: string): number | undefined => {
+  if (/^\d{1,16}$/.test(raw)) return Number(raw) <= maxDateMs ? Number(raw) : undefined
+  if (/^\d{4}-\d{2}-\d{2}$/.test(raw)) return parseInstant(`${raw}T00:00:00Z`)
+  return raw.trim() === raw ? parseInstant(raw) : undefined
+}
+
 /**
  * Normalises a raw remote timestamp to UTC epoch milliseconds, or `undefined`
  * ("no valid timestamp") when it is missing, malformed or outside the bounds.

@@ -1,10 +1,14 @@
 import { describe, expect, it } from "@effect/vitest"
-import { FindingsApi } from "@scanfleet/core"
+import { AdminApi, FindingsApi } from "@scanfleet/core"
 
-const since = (v: string) => FindingsApi.ListQuery.safeParse({ since: v })
+// Both query fields that take an instant read it by one rule (core's RemoteTimestamp.parseQueryInstant).
+const fields = [
+  ["since", (v: string) => FindingsApi.ListQuery.safeParse({ since: v })],
+  ["changedSince", (v: string) => AdminApi.TargetSearchQuery.safeParse({ changedSince: v })]
+] as const
 
-describe("FindingsApi.ListQuery since", () => {
-  it("accepts epoch milliseconds up to the latest Date and ISO-8601 instants (a date, or a time with Z or ±hh:mm)", () => {
+describe("query-string instants: findings' since and targets' changedSince", () => {
+  it("accept epoch milliseconds up to the latest Date, a date, and ISO-8601 instants with their offset", () => {
     for (const [v, ms] of [
       ["0", 0],
       ["1735689600000", 1735689600000],
@@ -15,16 +19,22 @@ describe("FindingsApi.ListQuery since", () => {
       ["2025-01-01T10:00:00Z", Date.UTC(2025, 0, 1, 10)],
       ["2025-01-01T10:00:00.123Z", Date.UTC(2025, 0, 1, 10, 0, 0, 123)],
       ["2025-01-01T12:00:00+02:00", Date.UTC(2025, 0, 1, 10)],
-      ["2025-01-01T05:30:00-04:30", Date.UTC(2025, 0, 1, 10)]
+      ["2025-01-01T05:30:00-04:30", Date.UTC(2025, 0, 1, 10)],
+      // the variants every ISO-8601 timestamp the project reads may take (RemoteTimestamp.parseInstant)
+      ["2025-01-01 10:00:00Z", Date.UTC(2025, 0, 1, 10)],
+      ["2025-01-01t10:00:00z", Date.UTC(2025, 0, 1, 10)],
+      ["2025-01-01T12:00:00+0200", Date.UTC(2025, 0, 1, 10)]
     ] as const) {
-      const r = since(v)
-      expect(r.success, v).toBe(true)
-      expect(r.data?.since, v).toBe(ms)
+      for (const [field, parse] of fields) {
+        const r = parse(v)
+        expect(r.success, `${field}=${v}`).toBe(true)
+        expect((r.data as Record<string, unknown> | undefined)?.[field], `${field}=${v}`).toBe(ms)
+      }
     }
     expect(FindingsApi.ExportQuery.parse({ since: "2025-01-01T10:00:00Z" }).since).toBe(Date.UTC(2025, 0, 1, 10))
   })
 
-  it("refuses anything else, naming since", () => {
+  it("refuse anything else, naming the field", () => {
     for (const v of [
       "",
       "-1",
@@ -50,11 +60,9 @@ describe("FindingsApi.ListQuery since", () => {
       "2025-01-32",
       "2025-01-01T10:00:00",
       "2025-01-01T10:00",
-      "2025-01-01 10:00:00Z",
       "2025-01-01T24:00:00Z",
       "2025-01-01T10:60:00Z",
       "2025-01-01T10:00:60Z",
-      "2025-01-01T10:00:00+0200",
       "2025-01-01T10:00:00+02",
       "2025-01-01T10:00:00+24:00",
       "2025-01-01T10:00:00.Z",
@@ -62,12 +70,15 @@ describe("FindingsApi.ListQuery since", () => {
       "2025-01-01Z",
       "+275760-09-13T00:00:00Z",
       "Wed, 01 Jan 2025 10:00:00 GMT",
-      "2025-01-01T10:00:00Zjunk"
+      "2025-01-01T10:00:00Zjunk",
+      " 2025-01-01T10:00:00Z"
     ]) {
-      const r = since(v)
-      expect(r.success, JSON.stringify(v)).toBe(false)
-      expect(r.error?.issues.map((i) => i.path), JSON.stringify(v)).toEqual([["since"]])
-      expect(r.error?.issues[0].message).toMatch(/ISO-8601 instant.* or epoch milliseconds/)
+      for (const [field, parse] of fields) {
+        const r = parse(v)
+        expect(r.success, `${field}=${JSON.stringify(v)}`).toBe(false)
+        expect(r.error?.issues.map((i) => i.path), `${field}=${JSON.stringify(v)}`).toEqual([[field]])
+        expect(r.error?.issues[0].message).toMatch(/epoch milliseconds.* ISO-8601 instant with its offset/)
+      }
       expect(FindingsApi.ExportQuery.safeParse({ since: v }).success, JSON.stringify(v)).toBe(false)
     }
   })
