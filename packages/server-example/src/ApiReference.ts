@@ -1,6 +1,7 @@
 import { AdminApi, Config, WorkerApi } from "@scanfleet/core"
 import { z } from "zod"
 import { maxActorLength } from "./AdminRoutes.js"
+import { maxFormBytes } from "./Console.js"
 import * as FindingReference from "./FindingReference.js"
 
 /** One endpoint of the HTTP API, with the zod schemas of what it takes and returns. */
@@ -363,8 +364,8 @@ export const other: ReadonlyArray<Endpoint> = [
     path: "/console/actions/:action",
     auth: "admin (bearer or cookie)",
     summary:
-      "A console form's action (`requeue`, `priority` with its `priority` field, `cancel`, `pause`, `resume`), as `application/x-www-form-urlencoded` with `csrf` (the token the page embeds, bound to the dashboard session), `reason` (audited, actor `dashboard`), `back` (the console page to return to) and the subject's fields. Answers 303 to `back` with `done=` or `refused=`; a missing or wrong CSRF token gets 403 and changes nothing.",
-    response: { status: 303, note: "redirect; 403 HTML page when the CSRF check fails" }
+      `A console form's action (\`requeue\`, \`priority\` with its \`priority\` field, \`cancel\`, \`pause\`, \`resume\`), as \`application/x-www-form-urlencoded\` with \`csrf\` (the token the page embeds, bound to the dashboard session), \`reason\` (audited, actor \`dashboard\`), \`back\` (the console page to return to) and the subject's fields. Answers 303 to \`back\` with \`done=\` or \`refused=\` (its message cut to 200 characters); a missing or wrong CSRF token gets 403; with the token, a field that is missing, unknown, repeated, or breaks its limit (the JSON API's string and identity limits, \`back\` a console page) gets 400 naming it; a form over ${maxFormBytes.toLocaleString("en-US")} bytes gets 413 as soon as the limit is crossed. A refusal changes nothing.`,
+    response: { status: 303, note: "redirect; an HTML page with 403 when the CSRF check fails, 400 for a field at fault, 413 for a form over its limit" }
   },
   { method: "GET", path: "/metrics", auth: "none", summary: "Prometheus text exposition (see docs/server.md for the metric names).", response: { status: 200, note: "text/plain; version=0.0.4" } },
   {
@@ -424,14 +425,19 @@ ${schemaBlock("Error body:", WorkerApi.ErrorBodySchema, "output")}
 | status | \`error\` | when |
 | --- | --- | --- |
 | 400 | \`malformed_json\`, \`too_deep\`, \`invalid_body\`, \`invalid_query\`, \`invalid_path\`, \`invalid_header\` | the body is not JSON or nests too deep, or a body, query, path or header value does not match its schema or breaks a limit below |
+| 400 | \`body_unreadable\` | the connection failed while the body was being read |
+| 400 | \`bad_request\` | Node's HTTP parser refused the request before any handler ran (a malformed request line, header or chunk, \`Content-Length\` with \`Transfer-Encoding\`, an invalid or repeated \`Content-Length\`, a raw space or non-ASCII byte in the target), or it is a \`CONNECT\` or an HTTP/1.1 request without \`Host\`; answered with \`Connection: close\` |
 | 400 | \`store_invalid\` | the database refused a value of the request that the limits below let through (a character or length it cannot store); retrying will not help |
 | 401 | \`unauthorized\` | missing or wrong credentials |
 | 403 | \`forbidden\`, \`reservation_refused:<reason>\` | wrong role; the reservation is not the caller's live one (\`not_owner\`, \`stale_fence\`, \`expired\`, \`not_active\`, \`cancelled\`, \`upload_deadline_passed\`) |
 | 404 | \`not_found\`, \`route_not_found\` | no such entity or endpoint |
+| 408 | \`request_timeout\` | the request was not received in full within the server's request timeout (60 s); answered with \`Connection: close\` |
 | 409 | \`claim_rejected:<reason>\`, \`operation_refused:<reason>\` | the claim could not take authority (\`slot_busy\`, \`capacity\`, \`source_cap\`, \`deadline_passed\`, ...); an operator action does not apply to the subject as it stands |
 | 409 | \`store_constraint\` | the request breaks a constraint of the stored data |
 | 413 | \`payload_too_large\` | the body exceeds its limit |
+| 417 | \`expectation_failed\` | an \`Expect\` header other than \`100-continue\` |
 | 422 | \`progress_rejected:<reason>\`, \`invalid_config\` | a progress batch contradicts the timeline; a configuration breaks a rule |
+| 431 | \`headers_too_large\` | the request line and headers exceed Node's \`maxHeaderSize\` (16384 bytes unless the server runs with \`--max-http-header-size\`); answered with \`Connection: close\` |
 | 500 | \`store_corrupt\`, \`store_internal\`, \`internal\` | the database file is damaged, or a server defect (the log has the detail) |
 | 503 | \`store_unavailable\`, \`store_full\`, \`store_busy\` | the database cannot be reached, is out of space or memory, or stayed locked past the server's retries; the \`Retry-After\` header says when to retry (5, 30 and 1 s) |
 | 503 | \`shutting_down\` | the server is stopping: a request that arrived after it stopped handling new ones, answered with \`Retry-After: 1\` and \`Connection: close\`; retry it (on another instance, or once this one is back) |
@@ -442,7 +448,8 @@ Every string that crosses the HTTP edge is refused with 400 and the path of the 
 
 - JSON bodies nest arrays and objects at most ${WorkerApi.maxJsonDepth} levels deep (the body itself is level 1); deeper is 400 \`too_deep\`, refused before the body is parsed.
 - A body over its limit (\`Body limit\` of each endpoint) is answered 413 as soon as the limit is crossed, whether it declares a \`Content-Length\` or is sent chunked; the rest is not read and the connection is closed.
-- A path id is exactly one segment of digits without a leading zero (at most 15): \`1;x\`, \`1/\`, \`01\` or \`1%3B\` get 400 \`invalid_path\`, never the resource \`1\`.
+- A path id is exactly one segment of digits without a leading zero (at most 15): \`1;x\`, \`1/\`, \`01\` or \`1%3B\` get 400 \`invalid_path\`, never the resource \`1\`. Every path parameter (\`:source\` too) is the whole segment as sent, in a path with nothing after its route (not even a trailing \`/\`): a segment holding \`;\` or \`#\`, or whose percent-encoding is not UTF-8, gets 400 \`invalid_path\` at the parameter, whatever follows it.
+- An endpoint under \`/v1\` whose reference shows no query string takes none: any query key is 400 \`invalid_query\` at the key, as the endpoints that read a query refuse an unknown or repeated one.
 
 Each core error class maps to one status: \`ClaimRejected\` 409, \`ReservationRefused\` 403, \`ProgressRejected\` 422, \`NotFound\` 404.
 

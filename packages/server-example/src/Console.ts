@@ -1,12 +1,13 @@
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
-import { AdminApi, Assignment, type Errors, Operations, Percentile, PhaseModel, Priority, Source, Store, Target, type WorkerApi } from "@scanfleet/core"
+import { Records } from "@scanfleet/adapters"
+import { AdminApi, Assignment, type Errors, Operations, Percentile, PhaseModel, Priority, Source, Store, Target, WorkerApi } from "@scanfleet/core"
 import { Eta } from "eta"
 import { Clock, Effect } from "effect"
 import { readFileSync } from "node:fs"
 import { createRequire } from "node:module"
 import { z } from "zod"
 import * as AdminRoutes from "./AdminRoutes.js"
-import { type ApiError, fromNotFound, fromStoreError } from "./ApiError.js"
+import { ApiError, fromNotFound, fromStoreError, invalid } from "./ApiError.js"
 import * as Auth from "./Auth.js"
 import * as Controls from "./Controls.js"
 import * as Managed from "./internal/Managed.js"
@@ -185,10 +186,15 @@ const errorPage = (e: ApiError) =>
   page(
     "scanfleet console",
     "@message",
-    { kind: "refused", testid: e.status === 401 || e.status === 403 ? "auth-error" : "error", text: e.message, hint: e.status === 401 ? "Open /?token=<admin token> once to start a dashboard session." : null },
+    {
+      kind: "refused",
+      testid: e.status === 401 || e.status === 403 ? "auth-error" : "error",
+      text: e.message,
+      hint: e.status === 401 ? "Open /?token=<admin token> once to start a dashboard session." : e.status === 400 || e.status === 413 ? "Nothing changed." : null
+    },
     null,
     e.status
-  )
+  ).pipe(e.close ? HttpServerResponse.setHeader("connection", "close") : (r) => r)
 
 /** The CSRF token of a dashboard session: derived from the session, so a page of another origin cannot know it. */
 export const csrfToken = (session: string) => Tokens.hash(`scanfleet-console-csrf:${session}`)
@@ -379,27 +385,97 @@ const devices = Effect.gen(function* () {
   )
 }).pipe(Effect.catchTag("ApiError", (e) => Effect.succeed(errorPage(e))))
 
-const ActionForm = z.object({
-  csrf: z.string(),
-  back: z.string().regex(/^\/console\/[a-z]+(\?\S*)?$/, "must be a console page"),
-  reason: AdminApi.Reason,
-  source: Source.SourceSchema.optional(),
-  identity: z.string().min(1).optional(),
-  reservationId: z.coerce.number().int().min(1).optional(),
-  // kept as text: the operator port refuses a priority out of range with its reason, shown on the page
-  priority: z.string().trim().min(1).optional()
-})
+/**
+ * The largest console form, in bytes: room for the longest identity, reason and page to return to,
+ * each percent-encoded. A larger one is answered 413 as soon as the limit is crossed.
+ */
+export const maxFormBytes = 16 * 1024
 
-/** POST /console/actions/:action: one operator action from a console form; answers with a redirect to the page it came from. */
+// The longest page a console form returns to: a target's page whose identity is the longest the
+// store keeps, every byte of it percent-encoded. Printable ASCII only, so it is a valid header.
+const maxBackLength = `/console/target?source=${Source.sources.reduce((a, b) => (b.length > a.length ? b : a))}&identity=`.length + 3 * Records.maxIdentityBytes
+
+const ActionForm = z
+  .object({
+    csrf: z.string(),
+    back: z
+      .string()
+      .max(maxBackLength)
+      .regex(/^\/console\/[a-z]+(\?[\x21-\x7e]*)?$/, "must be a console page"),
+    reason: AdminApi.Reason,
+    source: Source.SourceSchema.optional(),
+    // as the JSON API checks an identity it adds (and discovery checks its records)
+    identity: z
+      .string()
+      .min(1)
+      .superRefine((s, ctx) => {
+        const problem = Records.identityProblem(s)
+        if (problem) ctx.addIssue({ code: "custom", message: problem })
+      })
+      .optional(),
+    reservationId: z.coerce.number().int().min(1).max(Number.MAX_SAFE_INTEGER).optional(),
+    // an integer kept as text: the operator port refuses one out of range with its reason, shown on the page
+    priority: z
+      .string()
+      .trim()
+      .regex(/^[+-]?[0-9]{1,15}$/, "must be an integer")
+      .optional()
+  })
+  .strict()
+
+// The fields each action needs; an unknown action is refused on the page it came from.
+const actionForms = {
+  requeue: ActionForm.required({ source: true, identity: true }),
+  priority: ActionForm.required({ source: true, identity: true, priority: true }),
+  cancel: ActionForm.required({ reservationId: true }),
+  pause: ActionForm.required({ source: true }),
+  resume: ActionForm.required({ source: true })
+}
+
+// A notice carried back in the redirect: cut, so a refusal quoting a long identity keeps `Location` small.
+const maxNoticeLength = 200
+const notice = (text: string) => (text.length <= maxNoticeLength ? text : `${text.slice(0, maxNoticeLength - 1).replace(/[\ud800-\udbff]$/, "")}…`)
+
+// Why a key or value of a form cannot cross the edge, by the JSON API's rules (a NUL, an unpaired surrogate, too long).
+const refuseField = (k: string, v: string) => {
+  const key = Request.refuseString(k, WorkerApi.maxKeyLength)
+  if (key) return { name: JSON.stringify(k.slice(0, 64)), why: `the key ${key}` }
+  const value = Request.refuseString(v, WorkerApi.maxStringLength)
+  return value ? { name: k, why: value } : undefined
+}
+
+/**
+ * The fields of a console form (a repeated key keeps every value it was given, which no field
+ * accepts), and the 400 for its first key or value that cannot cross the edge, if one cannot.
+ */
+const formFields = (text: string) => {
+  const fields: Record<string, string | Array<string>> = {}
+  let refused: ApiError | undefined
+  for (const [k, v] of new URLSearchParams(text)) {
+    const bad = refused ? undefined : refuseField(k, v)
+    if (bad) refused = new ApiError({ status: 400, error: "invalid_body", message: `the request body is invalid: ${bad.name}: ${bad.why}`, issues: [{ path: [bad.name], message: bad.why }] })
+    const prev = fields[k]
+    fields[k] = prev === undefined ? v : Array.isArray(prev) ? [...prev, v] : [prev, v]
+  }
+  return { fields, refused }
+}
+
+/**
+ * POST /console/actions/:action: one operator action from a console form; answers with a redirect to
+ * the page it came from. A form over `maxFormBytes` is 413; without the session's CSRF token, 403;
+ * with it, a field that breaks its limit is 400 naming the field. Nothing changes on any of these.
+ */
 const action = Effect.gen(function* () {
   yield* session
-  const req = yield* HttpServerRequest.HttpServerRequest
   const params = yield* HttpRouter.params
-  const raw = yield* req.urlParamsBody.pipe(Effect.orElseSucceed(() => [] as ReadonlyArray<readonly [string, string]>))
-  const form = ActionForm.safeParse(Object.fromEntries(raw))
+  const { fields, refused } = formFields(yield* Request.readBody(maxFormBytes))
+  // The CSRF check comes first: a forged form learns nothing about its fields.
   const csrf = yield* csrfOf
-  if (!form.success || !Tokens.equal(form.data.csrf, csrf))
+  if (typeof fields.csrf !== "string" || !Tokens.equal(fields.csrf, csrf))
     return page("scanfleet console", "@message", { kind: "refused", testid: "error", text: "The form is invalid or expired (CSRF check failed); reload the page and try again. Nothing changed.", hint: null }, null, 403)
+  if (refused) return yield* Effect.fail(refused)
+  const form = (params.action !== undefined && Object.hasOwn(actionForms, params.action) ? actionForms[params.action as keyof typeof actionForms] : ActionForm).safeParse(fields)
+  if (!form.success) return yield* Effect.fail(invalid("body", form.error))
   const f = form.data
   const ops = yield* Operations.Operations
   const who: Operations.Actor = { who: "dashboard", why: f.reason, now: yield* Clock.currentTimeMillis }
@@ -424,7 +500,8 @@ const action = Effect.gen(function* () {
         : Effect.succeed({ refused: e === null ? `unknown action ${params.action ?? ""}` : e._tag === "NotFound" ? fromNotFound(e).message : e.message })
     )
   )
-  return HttpServerResponse.empty({ status: 303 }).pipe(HttpServerResponse.setHeader("location", `${f.back}${f.back.includes("?") ? "&" : "?"}${new URLSearchParams(outcome)}`))
+  const shown = Object.fromEntries(Object.entries(outcome).map(([k, v]) => [k, notice(v)]))
+  return HttpServerResponse.empty({ status: 303 }).pipe(HttpServerResponse.setHeader("location", `${f.back}${f.back.includes("?") ? "&" : "?"}${new URLSearchParams(shown)}`))
 }).pipe(Effect.catchTag("ApiError", (e) => Effect.succeed(errorPage(e))))
 
 const HOUR = 3_600_000

@@ -160,11 +160,9 @@ const cancel = Effect.gen(function* () {
   return ok({ assignment: Views.assignment(a, yield* Clock.currentTimeMillis, yield* fleetId) })
 })
 
-const sourceParam = Effect.flatMap(HttpRouter.params, (p) => {
-  const r = Source.SourceSchema.safeParse(p.source)
-  return r.success
-    ? Effect.succeed(r.data)
-    : Effect.fail(new ApiError({ status: 400, error: "invalid_path", message: `source must be one of ${Source.sources.join(", ")}`, issues: [{ path: ["source"], message: "unknown source" }] }))
+const sourceParam = Request.pathParam("source", `one of ${Source.sources.join(", ")}`, (v) => {
+  const r = Source.SourceSchema.safeParse(v)
+  return r.success ? r.data : undefined
 })
 
 /** POST /v1/admin/sources/:source/pause and /resume: no claims and no discovery while paused; audited. */

@@ -1,10 +1,11 @@
 import { HttpMiddleware, HttpRouter, HttpServer, HttpServerRequest, HttpServerResponse } from "@effect/platform"
 import type { ServeError } from "@effect/platform/HttpServerError"
 import { NodeHttpServer } from "@effect/platform-node"
-import { LogLine, Operations, type Store } from "@scanfleet/core"
+import { LogLine, Operations, type Store, WorkerApi } from "@scanfleet/core"
 import { Cause, Context, Deferred, Duration, Effect, Layer, Logger, LogLevel, Ref, Scheduler } from "effect"
 import { createServer, type Server as HttpNodeServer, type ServerResponse } from "node:http"
 import * as AdminRoutes from "./AdminRoutes.js"
+import * as ApiReference from "./ApiReference.js"
 import { ApiError, toResponse } from "./ApiError.js"
 import * as Console from "./Console.js"
 import * as Controls from "./Controls.js"
@@ -14,6 +15,7 @@ import * as Health from "./Health.js"
 import * as Metrics from "./Metrics.js"
 import * as OperationsRoutes from "./OperationsRoutes.js"
 import { type ServerConfig, Settings } from "./ServerConfig.js"
+import * as Request from "./internal/Request.js"
 import * as Responses from "./internal/Responses.js"
 import * as Url from "./internal/Url.js"
 import * as Sweeper from "./Sweeper.js"
@@ -77,9 +79,33 @@ export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Operations.Op
   FindingRoutes.router
 ).pipe(HttpRouter.get("/metrics", metricsRoute), HttpRouter.get("/healthz", healthRoute), HttpRouter.get("/readyz", readyRoute))
 
+// The API endpoints (under /v1) whose reference documents no query string. They take none: a
+// query key there is refused as an unknown key of an empty query schema (400 `invalid_query`
+// at the key) before the handler runs, as the endpoints that read a query refuse one they do
+// not know, so that a request the reference says nothing of changes nothing.
+const queryless = new Set(
+  [...ApiReference.worker, ...ApiReference.admin, ...ApiReference.operations, ...ApiReference.other]
+    .filter((e) => e.path.startsWith("/v1/") && e.query === undefined)
+    .map((e) => `${e.method} ${e.path}`)
+)
+
+const routes = router.pipe(
+  HttpRouter.use((handler) =>
+    Effect.flatMap(HttpRouter.RouteContext, (ctx) => (queryless.has(`${ctx.route.method} ${ctx.route.path}`) ? Effect.zipRight(Request.query(WorkerApi.EmptyQuery), handler) : handler))
+  )
+)
+
+// The router reads the target with `;`, `#` and undecodable segments escaped
+// (`Request.routable`), so it splits the path where the client did; path parameters are
+// checked against the target as sent (`originalUrl`).
+const routed = Effect.flatMap(HttpServerRequest.HttpServerRequest, (req) => {
+  const url = Request.routable(req.url)
+  return url === req.url ? routes : Effect.provideService(routes, HttpServerRequest.HttpServerRequest, req.modify({ url }))
+})
+
 // Refusals become their JSON body; anything unexpected is logged and answered
 // with a 500 that carries no detail (the log has it).
-const app = router.pipe(
+const app = routed.pipe(
   Effect.catchTags({
     ApiError: (e: ApiError) => Effect.succeed(toResponse(e)),
     RouteNotFound: () =>
@@ -225,8 +251,9 @@ export const layer = (
   const listener = NodeHttpServer.layer(
     () => {
       stopping.since = null
-      const server = Responses.settlingEnds(createServer({ keepAliveTimeout: 5000, requestTimeout: 60_000 }))
-      return answeringLiveness(Responses.stoppable(server, config.shutdownGraceMs, () => void (stopping.since ??= Date.now())))
+      // `requireHostHeader: false`: a request without Host is refused by `refusingMalformed`, with the JSON error body
+      const server = Responses.settlingEnds(createServer({ keepAliveTimeout: 5000, requestTimeout: 60_000, requireHostHeader: false }))
+      return Responses.refusingMalformed(answeringLiveness(Responses.stoppable(server, config.shutdownGraceMs, () => void (stopping.since ??= Date.now()))))
     },
     {
       host: config.host,

@@ -185,7 +185,8 @@ describe.each(backends)("the HTTP edge on %s", (_name, open) => {
     for (const bad of [`${id};x`, `${id}/`, `0${id}`, `${id}%3B`, `${id};`]) {
       const path = e.path.replace(":id", bad)
       const r = await call(s.url + path, tokenOf(e), e.method, e.body ? exampleOf(e) : undefined)
-      if (r.status === 404 && r.body.error === "route_not_found") continue
+      // `1/` with more path after it leaves an empty segment that no route has: 404, never the resource 1
+      if (bad.endsWith("/") && !e.path.endsWith(":id") && r.status === 404 && r.body.error === "route_not_found") continue
       expect400At(r, ["id"], `${e.method} ${path}`)
       expect(r.body.error).toBe("invalid_path")
     }

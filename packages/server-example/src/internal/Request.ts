@@ -17,10 +17,13 @@ const tooLarge = (limit: number) =>
     close: true
   })
 
-// Reads the raw body ourselves so an oversized one is answered with 413 the moment the
-// limit is crossed, chunked or not: the rest is never read, and the connection is
-// closed after the answer rather than kept open to swallow what the client still sends.
-const readBody = (limit: number) =>
+/**
+ * The raw body as text, read by us so an oversized one is answered with 413 the moment the
+ * limit is crossed, chunked or not: the rest is never read, and the connection is closed
+ * after the answer rather than kept open to swallow what the client still sends. JSON bodies
+ * and the console's forms are both read this way.
+ */
+export const readBody = (limit: number) =>
   Effect.flatMap(HttpServerRequest.HttpServerRequest, (req) => {
     const declared = Number(req.headers["content-length"] ?? Number.NaN)
     if (Number.isFinite(declared) && declared > limit) return Effect.fail(tooLarge(limit))
@@ -211,32 +214,77 @@ export const textHeader = (name: string, max: number): Effect.Effect<string | un
 const invalidPath = (name: string, message: string) =>
   new ApiError({ status: 400, error: "invalid_path", message: `${name} ${message}`, issues: [{ path: [name], message }] })
 
-// The router reads `;` as the start of a query and ignores a trailing slash, so the
-// parameter it hands over may be only part of what the client sent: the segment is
-// compared with the raw request target instead.
-const rawSegment = (url: string, index: number, count: number): string | undefined => {
-  const end = url.search(/[?#]/)
-  const segments = (end === -1 ? url : url.slice(0, end)).split("/")
-  if (segments.length !== count) return undefined
+const pathPart = (target: string): string => {
+  const q = target.indexOf("?")
+  return q === -1 ? target : target.slice(0, q)
+}
+
+const decodes = (segment: string): boolean => {
   try {
-    return decodeURIComponent(segments[index])
+    decodeURIComponent(segment)
+    return true
   } catch {
-    return undefined
+    return false
   }
 }
+
+/**
+ * The request target as the router is to read it: split into the same segments as the
+ * client sent. The router (find-my-way) takes `;` and `#` for the start of a query and
+ * refuses to route a path whose percent-encoding is not UTF-8, so `/v1/assignments/1;x/result`
+ * matched no route and `GET /v1/assignments/1;x` was routed as `/v1/assignments/1`. Here those
+ * characters are escaped (and every `%` of a segment that does not decode), so every such path
+ * reaches its route, whose parameter is then refused as not exactly its schema
+ * (`pathParam`), and a static segment with them matches no route. The query is left as sent.
+ */
+export const routable = (target: string): string => {
+  const path = pathPart(target)
+  if (!/[;#%]/.test(path)) return target
+  const escaped = path
+    .split("/")
+    .map((segment) => (decodes(segment) ? segment : segment.replaceAll("%", "%25")).replaceAll(";", "%3B").replaceAll("#", "%23"))
+    .join("/")
+  return escaped + target.slice(path.length)
+}
+
+// The router ignores a trailing slash, so the parameter it hands over may be only part of
+// what the client sent: the segment is compared with the target as the client sent it.
+const rawSegment = (target: string, index: number, count: number): { readonly segment: string } | "count" | "encoding" => {
+  const segments = pathPart(target).split("/")
+  if (segments.length !== count) return "count"
+  try {
+    return { segment: decodeURIComponent(segments[index]) }
+  } catch {
+    return "encoding"
+  }
+}
+
+/**
+ * A path parameter: the whole path segment, exactly as the client sent it (so `1;x`, `1/`,
+ * `1#x` and a segment whose percent-encoding is not UTF-8 are refused), read by `read`, which
+ * answers `undefined` for a value that is not `expected`. Every refusal is 400 `invalid_path`
+ * at the parameter, never the resource the segment starts with.
+ */
+export const pathParam = <A>(
+  name: string,
+  expected: string,
+  read: (segment: string) => A | undefined
+): Effect.Effect<A, ApiError, HttpRouter.RouteContext | HttpServerRequest.HttpServerRequest> =>
+  Effect.gen(function* () {
+    const ctx = yield* HttpRouter.RouteContext
+    const req = yield* HttpServerRequest.HttpServerRequest
+    const route = ctx.route.path.split("/")
+    const raw = rawSegment(req.originalUrl, route.indexOf(`:${name}`), route.length)
+    if (raw === "encoding") return yield* Effect.fail(invalidPath(name, "is not percent-encoded UTF-8"))
+    const v = ctx.params[name] ?? ""
+    if (raw === "count" || raw.segment !== v) return yield* Effect.fail(invalidPath(name, `must be one path segment holding ${expected}, with nothing after it`))
+    const a = read(v)
+    return a === undefined ? yield* Effect.fail(invalidPath(name, `must be ${expected}`)) : a
+  })
 
 /**
  * A positive integer path parameter: the whole path segment, exactly, so `1;x`,
  * `1/`, `01` and `1.0` are refused with 400 rather than read as reservation 1.
  */
 export const idParam = (name: string): Effect.Effect<number, ApiError, HttpRouter.RouteContext | HttpServerRequest.HttpServerRequest> =>
-  Effect.gen(function* () {
-    const ctx = yield* HttpRouter.RouteContext
-    const req = yield* HttpServerRequest.HttpServerRequest
-    const route = ctx.route.path.split("/")
-    const raw = rawSegment(req.url, route.indexOf(`:${name}`), route.length)
-    const v = ctx.params[name] ?? ""
-    if (raw !== v) return yield* Effect.fail(invalidPath(name, "must be one path segment holding a positive integer, with nothing after it"))
-    if (!/^[1-9][0-9]{0,14}$/.test(v)) return yield* Effect.fail(invalidPath(name, "must be a positive integer"))
-    return Number(v)
-  })
+  pathParam(name, "a positive integer", (v) => (/^[1-9][0-9]{0,14}$/.test(v) ? Number(v) : undefined))

@@ -1,4 +1,5 @@
-import type { IncomingMessage, Server, ServerResponse } from "node:http"
+import { type IncomingMessage, maxHeaderSize, type Server, type ServerResponse, STATUS_CODES } from "node:http"
+import { type Duplex, finished } from "node:stream"
 
 /**
  * Makes every response of the server answer the callback of its `end` once the
@@ -67,5 +68,92 @@ export const stoppable = (server: Server, graceMs: number, onClose: () => void =
       callback?.(err)
     })
   }) as Server["close"]
+  return server
+}
+
+/** The JSON error body of a refusal made before any handler runs, and the head it is sent with. */
+const refusal = (status: number, error: string, message: string) => {
+  const body = JSON.stringify({ error, message })
+  return { status, body, headers: { "content-type": "application/json", "content-length": Buffer.byteLength(body), connection: "close" } }
+}
+
+/** A complete HTTP/1.1 response, for a socket that no response object owns. */
+const raw = (r: ReturnType<typeof refusal>) =>
+  `HTTP/1.1 ${r.status} ${STATUS_CODES[r.status]}\r\n${Object.entries(r.headers).map(([k, v]) => `${k}: ${v}\r\n`).join("")}\r\n${r.body}`
+
+const notHttp = (what: string) => refusal(400, "bad_request", `the request is not HTTP/1.1 this server reads (${what}); nothing was done`)
+
+/** How a request Node's parser refused is answered: the status Node itself would send, with the JSON error body. */
+const parseRefusal = (e: Error & { code?: string; reason?: string }) => {
+  switch (e.code) {
+    case "HPE_HEADER_OVERFLOW":
+      return refusal(431, "headers_too_large", `the request line and headers exceed ${maxHeaderSize} bytes; nothing was done`)
+    case "HPE_CHUNK_EXTENSIONS_OVERFLOW":
+      return refusal(413, "payload_too_large", "the chunk extensions of the request body exceed their limit; nothing was done")
+    case "ERR_HTTP_REQUEST_TIMEOUT":
+      return refusal(408, "request_timeout", "the request was not received in full within the server's request timeout; nothing was done")
+    default:
+      // llhttp's reasons are fixed sentences ("Invalid character in chunk size"), never request bytes
+      return notHttp(e.code?.startsWith("HPE_") && e.reason ? e.reason : "it could not be parsed")
+  }
+}
+
+/** The response under way on a connection, if any: the internal field Node's own `clientError` default decides on. */
+const inFlight = (socket: Duplex): ServerResponse | undefined => (socket as Duplex & { _httpMessage?: ServerResponse | null })._httpMessage ?? undefined
+
+/**
+ * Makes every request Node refuses before any handler runs answered with the JSON error body,
+ * as every other refusal is, rather than with an empty body or a closed socket: what its
+ * parser refuses (a malformed request line, header or chunk, conflicting or invalid
+ * `Content-Length` and `Transfer-Encoding`, a raw space or non-ASCII byte in the target: 400
+ * `bad_request`; headers over `maxHeaderSize`: 431 `headers_too_large`; a request not received
+ * within the request timeout: 408 `request_timeout`), `CONNECT` (400: the server is no proxy),
+ * an HTTP/1.1 request without `Host` (400, as Node refuses it) and an `Expect` other than
+ * `100-continue` (417 `expectation_failed`). Each answer carries `Connection: close`, and the
+ * connection is closed after it. Nothing is ever written into a response under way: a reset
+ * connection is only closed, a request whose answer has started keeps that answer, and one
+ * pipelined behind another is refused after the other's answer. The server must be created
+ * with `requireHostHeader: false`, so that a request without Host reaches this check rather
+ * than Node's.
+ */
+export const refusingMalformed = (server: Server): Server => {
+  // the parser reports its error again for every chunk that arrives after it: answered once
+  const refused = new WeakSet<Duplex>()
+  server.on("clientError", (e: Error & { code?: string }, socket: Duplex) => {
+    if (refused.has(socket)) return
+    refused.add(socket)
+    if (e.code === "ECONNRESET" || !socket.writable) return void socket.destroy()
+    const answer = () => {
+      if (socket.writable) socket.write(raw(parseRefusal(e)))
+      socket.destroy()
+    }
+    const res = inFlight(socket)
+    // No response under way, or one whose every byte is already queued before ours.
+    if (res === undefined || res.writableEnded) return answer()
+    // The fault is in the body of the request in flight: the refusal is its answer, unless it has
+    // one started already, which is then let finish (and nothing written after it).
+    if (!res.req.complete) return res.headersSent ? void finished(res, () => socket.destroy()) : answer()
+    // The fault is in a request pipelined after one still being answered: that answer goes first.
+    finished(res, answer)
+  })
+  server.on("connect", (_req: IncomingMessage, socket: Duplex) => {
+    if (socket.writable) socket.write(raw(notHttp("CONNECT: this server is not a proxy")))
+    socket.destroy()
+  })
+  server.on("checkExpectation", (_req: IncomingMessage, res: ServerResponse) => {
+    const r = refusal(417, "expectation_failed", "the request's Expect header is not supported (only 100-continue is); nothing was done")
+    res.writeHead(r.status, r.headers).end(r.body)
+  })
+  // Made with `requireHostHeader: false`, Node emits an HTTP/1.1 request without Host (else it refuses it with an empty 400).
+  const emit = server.emit.bind(server) as (event: string | symbol, ...args: Array<any>) => boolean
+  server.emit = (event: string | symbol, ...args: Array<any>): boolean => {
+    const req = args[0] as IncomingMessage
+    if (event === "request" && req.httpVersion === "1.1" && req.headers.host === undefined) {
+      const r = notHttp("an HTTP/1.1 request without a Host header")
+      ;(args[1] as ServerResponse).writeHead(r.status, r.headers).end(r.body)
+      return true
+    }
+    return emit(event, ...args)
+  }
   return server
 }
