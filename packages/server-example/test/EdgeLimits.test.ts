@@ -6,7 +6,7 @@ import { z } from "zod"
 import * as ApiReference from "../src/ApiReference.js"
 import * as Database from "../src/Database.js"
 import { pgDatabase, sqliteFile } from "./fixtures/Databases.js"
-import { adminToken, call, start, type Running } from "./fixtures/Harness.js"
+import { adminToken, call, liveReservation, start, type Running } from "./fixtures/Harness.js"
 
 /**
  * The limits of the HTTP edge, generated from the route table in
@@ -80,13 +80,7 @@ describe.each(backends)("the HTTP edge on %s", (_name, open) => {
     const db = await open()
     cleanup = db.cleanup
     s = await start({ storeLayer: db.layer() })
-    const d = await s.addDevice("edge", 2)
-    token = d.token
-    deviceId = d.id
-    await s.run(Effect.flatMap(Store.Store, (st) => st.recordObservations([{ source: "github", identity: "edge/a", remoteAt: null }], Date.now())))
-    const c = await s.device(token, "POST", "/v1/assignments/claim", { slot: 0 })
-    expect(c.status).toBe(200)
-    live = { reservationId: c.body.assignment.reservationId, fence: c.body.assignment.fence }
+    ;({ token, deviceId, live } = await liveReservation(s))
   })
   afterAll(async () => {
     await s?.close()

@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as ApiReference from "../src/ApiReference.js"
 import * as Database from "../src/Database.js"
 import { sqliteFile } from "./fixtures/Databases.js"
-import { adminToken, start, type Running } from "./fixtures/Harness.js"
+import { adminToken, liveReservation, start, type Running } from "./fixtures/Harness.js"
 
 /**
  * What reaches the server exactly as a client sent it, on a raw socket (fetch and
@@ -114,13 +114,7 @@ describe("the HTTP edge, byte for byte, on SQLite", () => {
     cleanup = f.cleanup
     s = await start({ storeLayer: Database.layer(f.url) })
     port = Number(new URL(s.url).port)
-    const d = await s.addDevice("edge", 2)
-    token = d.token
-    deviceId = d.id
-    await s.run(Effect.flatMap(Store.Store, (st) => st.recordObservations([{ source: "github", identity: "edge/a", remoteAt: null }], Date.now())))
-    const c = await s.device(token, "POST", "/v1/assignments/claim", { slot: 0 })
-    expect(c.status).toBe(200)
-    live = { reservationId: c.body.assignment.reservationId, fence: c.body.assignment.fence }
+    ;({ token, deviceId, live } = await liveReservation(s))
   })
   afterAll(async () => {
     await s?.close()
