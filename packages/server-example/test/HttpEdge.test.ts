@@ -26,7 +26,7 @@ interface Exchange {
 
 /** Sends `request` on a fresh connection and reads until the server closes it (a reset after the answer is a close too). */
 // `then`, when given, is written once the first bytes of the answer have arrived.
-const exchange = (port: number, request: string | Buffer, timeoutMs = 5000, then?: string) =>
+const exchange = (port: number, request: string | Buffer, timeoutMs = 20_000, then?: string) =>
   new Promise<Exchange>((resolve, reject) => {
     const socket = connect(port, "127.0.0.1")
     const chunks: Array<Buffer> = []
@@ -274,7 +274,7 @@ describe("the HTTP edge, byte for byte, on SQLite", () => {
       // answer arrives, must not add bytes to it (sent together, the parser may reach it first: then the one
       // answer is a 400)
       const big = "x".repeat(300 * 1024)
-      const r = await exchange(port, `${post("Transfer-Encoding: chunked\r\nContent-Type: application/json\r\n").replace("TOKEN", token)}${big.length.toString(16)}\r\n${big}\r\n`, 5000, "zz\r\n")
+      const r = await exchange(port, `${post("Transfer-Encoding: chunked\r\nContent-Type: application/json\r\n").replace("TOKEN", token)}${big.length.toString(16)}\r\n${big}\r\n`, 20_000, "zz\r\n")
       expect(r.raw.match(/HTTP\/1\.1 \d{3} /g)?.length, r.raw.slice(0, 300)).toBe(1)
       expectRefusal(r, 413, "payload_too_large", "oversized then broken")
     })
