@@ -4,7 +4,7 @@ import { actions } from "./Operations.js"
 import { PrioritySchema } from "./Priority.js"
 import { SourceSchema } from "./Source.js"
 import { StatusSchema } from "./Target.js"
-import { AssignmentView, DeviceView, TimelineEvent } from "./WorkerApi.js"
+import { AssignmentView, DeviceView, queryInteger, queryIntegerOr, TimelineEvent } from "./WorkerApi.js"
 
 /**
  * The HTTP contract of the operator endpoints (`/v1/admin/...`) beyond the v1 admin API in
@@ -39,8 +39,8 @@ export const TargetSearchQuery = z
     prefix: z.string().min(1).max(1024).optional(),
     /** Epoch milliseconds or an ISO-8601 instant. */
     changedSince: QueryInstant.optional(),
-    after: z.coerce.number().int().min(0).optional(),
-    limit: z.coerce.number().int().min(1).max(500).default(50)
+    after: queryInteger(0, Number.MAX_SAFE_INTEGER).optional(),
+    limit: queryIntegerOr(1, 500, 50)
   })
   .strict()
 
@@ -68,7 +68,7 @@ export const TargetView = z
 export const TargetPage = z.object({ targets: z.array(TargetView), next: z.number().int().nullable() }).strict()
 
 /** GET /v1/admin/targets/inspect */
-export const TargetKeyQuery = z.object({ source: SourceSchema, identity: z.string().min(1), limit: z.coerce.number().int().min(1).max(200).default(20) }).strict()
+export const TargetKeyQuery = z.object({ source: SourceSchema, identity: z.string().min(1), limit: queryIntegerOr(1, 200, 20) }).strict()
 
 /** A cancelled reservation's record. */
 export const CancellationView = z.object({ reservationId: id, at: epochMs, who: z.string(), why: z.string() }).strict()
@@ -123,7 +123,7 @@ export const AuditEntryView = z
   .strict()
 
 /** GET /v1/admin/audit */
-export const AuditQuery = z.object({ before: z.coerce.number().int().min(1).optional(), limit: z.coerce.number().int().min(1).max(500).default(50) }).strict()
+export const AuditQuery = z.object({ before: queryInteger(1, Number.MAX_SAFE_INTEGER).optional(), limit: queryIntegerOr(1, 500, 50) }).strict()
 
 /** The audit log, newest first. */
 export const AuditList = z.object({ entries: z.array(AuditEntryView) }).strict()

@@ -2,6 +2,7 @@ import { z } from "zod"
 import * as Findings from "./Findings.js"
 import * as RemoteTimestamp from "./RemoteTimestamp.js"
 import { SourceSchema } from "./Source.js"
+import { queryInteger, queryIntegerOr } from "./WorkerApi.js"
 
 /**
  * The HTTP contract of findings: the admin reads and exports, and the device's
@@ -35,8 +36,8 @@ export const ListQuery = z
     /** ISO-8601 instant or epoch milliseconds: findings seen at or after it. */
     since: QueryInstant.optional(),
     /** The cursor a previous page returned as `next`. */
-    after: z.coerce.number().int().min(0).max(Number.MAX_SAFE_INTEGER).optional(),
-    limit: z.coerce.number().int().min(1).max(1000).default(100)
+    after: queryInteger(0, Number.MAX_SAFE_INTEGER).optional(),
+    limit: queryIntegerOr(1, 1000, 100)
   })
   .strict()
 

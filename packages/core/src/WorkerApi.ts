@@ -137,13 +137,42 @@ export type ErrorBody = z.infer<typeof ErrorBody>
 /** POST /v1/admin/config/preview and /apply take a managed configuration document. */
 export const ConfigDocument = ManagedConfigSchema
 
+const integerText = (min: number, max: number) =>
+  z
+    .string()
+    .regex(/^[0-9]{1,16}$/, "must be an integer in decimal digits")
+    .transform(Number)
+    .pipe(z.number().int().min(min).max(max))
+
+/**
+ * A query-string integer from `min` to `max`, written in decimal digits and nothing else: `1e3`,
+ * ` 1`, `0x10`, `1.0`, `+1` and an empty value are refused at their field, not read as numbers.
+ */
+export const queryInteger = (min: number, max: number) => integerText(min, max).meta({ description: `an integer from ${min} to ${max}, in decimal digits` })
+
+/** `queryInteger`, and `fallback` when the key is absent. */
+export const queryIntegerOr = (min: number, max: number, fallback: number) =>
+  integerText(min, max)
+    .default(fallback)
+    .meta({ description: `an integer from ${min} to ${max}, in decimal digits; ${fallback} when absent` })
+
+/** A positive query-string number up to `max` in decimal digits with at most six decimals (`0.5`, `24`), and `fallback` when absent. */
+export const queryDecimalOr = (max: number, fallback: number) =>
+  z
+    .string()
+    .regex(/^[0-9]{1,9}(\.[0-9]{1,6})?$/, "must be a number in decimal digits (as 24 or 0.5)")
+    .transform(Number)
+    .pipe(z.number().positive().max(max))
+    .default(fallback)
+    .meta({ description: `a number above 0 and at most ${max}, in decimal digits with at most six decimals; ${fallback} when absent` })
+
 /** GET /v1/admin/percentiles query. */
 export const PercentileQuery = z
   .object({
     source: SourceSchema.optional(),
     metric: MetricSchema.optional(),
     outcome: z.enum(outcomes).optional(),
-    windowHours: z.coerce.number().positive().max(24 * 90).default(24)
+    windowHours: queryDecimalOr(24 * 90, 24)
   })
   .strict()
 
@@ -158,7 +187,7 @@ export const ReleaseRequest = z.object({ fence: z.number().int().min(0) }).stric
 
 /** GET /v1/admin/assignments query. */
 export const AssignmentListQuery = z
-  .object({ state: z.enum(states).optional(), limit: z.coerce.number().int().min(1).max(1000).default(100) })
+  .object({ state: z.enum(states).optional(), limit: queryIntegerOr(1, 1000, 100) })
   .strict()
 
 /** GET /v1/admin/assignments: views, newest first. */
@@ -212,7 +241,7 @@ export const ConfigView = z
 export const PreviewResponse = z.object({ valid: z.literal(true), document: ManagedConfigSchema, effective: z.array(EffectivePolicyView) }).strict()
 
 /** GET /v1/admin/cycles query. */
-export const CycleListQuery = z.object({ source: SourceSchema.optional(), limit: z.coerce.number().int().min(1).max(1000).default(50) }).strict()
+export const CycleListQuery = z.object({ source: SourceSchema.optional(), limit: queryIntegerOr(1, 1000, 50) }).strict()
 
 /** One discovery cycle record. */
 export const CycleView = z

@@ -413,7 +413,7 @@ const ActionForm = z
         if (problem) ctx.addIssue({ code: "custom", message: problem })
       })
       .optional(),
-    reservationId: z.coerce.number().int().min(1).max(Number.MAX_SAFE_INTEGER).optional(),
+    reservationId: WorkerApi.queryInteger(1, Number.MAX_SAFE_INTEGER).optional(),
     // an integer kept as text: the operator port refuses one out of range with its reason, shown on the page
     priority: z
       .string()
@@ -467,29 +467,30 @@ const formFields = (text: string) => {
  */
 const action = Effect.gen(function* () {
   yield* session
-  const params = yield* HttpRouter.params
   const { fields, refused } = formFields(yield* Request.readBody(maxFormBytes))
   // The CSRF check comes first: a forged form learns nothing about its fields.
   const csrf = yield* csrfOf
   if (typeof fields.csrf !== "string" || !Tokens.equal(fields.csrf, csrf))
     return page("scanfleet console", "@message", { kind: "refused", testid: "error", text: "The form is invalid or expired (CSRF check failed); reload the page and try again. Nothing changed.", hint: null }, null, 403)
   if (refused) return yield* Effect.fail(refused)
-  const form = (params.action !== undefined && Object.hasOwn(actionForms, params.action) ? actionForms[params.action as keyof typeof actionForms] : ActionForm).safeParse(fields)
+  // The whole segment as sent (`pause/` or `pause;x` is 400); an unknown action is refused on its page below.
+  const name = yield* Request.pathParam("action", "an action name", (v) => (Request.refuseString(v, 64) ? undefined : v))
+  const form = (Object.hasOwn(actionForms, name) ? actionForms[name as keyof typeof actionForms] : ActionForm).safeParse(fields)
   if (!form.success) return yield* Effect.fail(invalid("body", form.error))
   const f = form.data
   const ops = yield* Operations.Operations
   const who: Operations.Actor = { who: "dashboard", why: f.reason, now: yield* Clock.currentTimeMillis }
   const run: Effect.Effect<string, Operations.OperationRefused | Errors.NotFound | Errors.StoreError | null, Controls.Controls> =
-    params.action === "requeue" && f.source && f.identity
+    name === "requeue" && f.source && f.identity
       ? Effect.as(ops.requeue(f.source, f.identity, who), `requeued ${f.source}:${f.identity}`)
-      : params.action === "priority" && f.source && f.identity && f.priority !== undefined
+      : name === "priority" && f.source && f.identity && f.priority !== undefined
         ? Effect.as(ops.setPriority(f.source, f.identity, Number(f.priority), who), `set the priority of ${f.source}:${f.identity} to ${Number(f.priority)}`)
-      : params.action === "cancel" && f.reservationId
+      : name === "cancel" && f.reservationId
         ? Effect.as(ops.cancel(f.reservationId, who), `cancelled reservation ${f.reservationId}`)
-        : (params.action === "pause" || params.action === "resume") && f.source
+        : (name === "pause" || name === "resume") && f.source
           ? Effect.as(
-              Effect.zipLeft(ops.setPaused(f.source, params.action === "pause", who), Effect.flatMap(Controls.Controls, (c) => c.invalidate)),
-              `${params.action === "pause" ? "paused" : "resumed"} ${f.source}`
+              Effect.zipLeft(ops.setPaused(f.source, name === "pause", who), Effect.flatMap(Controls.Controls, (c) => c.invalidate)),
+              `${name === "pause" ? "paused" : "resumed"} ${f.source}`
             )
           : Effect.fail(null)
   const outcome = yield* run.pipe(
@@ -497,7 +498,7 @@ const action = Effect.gen(function* () {
     Effect.catchAll((e) =>
       e !== null && e._tag === "StoreError"
         ? Effect.fail(fromStoreError(e))
-        : Effect.succeed({ refused: e === null ? `unknown action ${params.action ?? ""}` : e._tag === "NotFound" ? fromNotFound(e).message : e.message })
+        : Effect.succeed({ refused: e === null ? `unknown action ${name}` : e._tag === "NotFound" ? fromNotFound(e).message : e.message })
     )
   )
   const shown = Object.fromEntries(Object.entries(outcome).map(([k, v]) => [k, notice(v)]))
@@ -625,8 +626,8 @@ document.querySelectorAll("[data-chart]").forEach(function (el) {
 
 /** GET /assets/:name: the charting library and the console's chart script. */
 const assetRoute = Effect.gen(function* () {
-  const { name } = yield* HttpRouter.params
-  const a = name !== undefined && Object.hasOwn(assets, name) ? assets[name as keyof typeof assets] : undefined
+  const name = yield* Request.pathParam("name", "an asset name", (v) => (Request.refuseString(v, 64) ? undefined : v))
+  const a = Object.hasOwn(assets, name) ? assets[name as keyof typeof assets] : undefined
   if (!a) return HttpServerResponse.text("not found", { status: 404 })
   return HttpServerResponse.text(a.body(), { contentType: a.type }).pipe(HttpServerResponse.setHeaders({ "cache-control": "public, max-age=3600", "x-content-type-options": "nosniff" }))
 })

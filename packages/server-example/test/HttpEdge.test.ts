@@ -216,6 +216,63 @@ describe("the HTTP edge, byte for byte, on SQLite", () => {
     expectInvalidAt(await exchange(port, http11("GET", "/v1/admin/assignments?state=active&state=active", adminToken)), "invalid_query", "state", "repeated key")
   })
 
+  // Every number a query takes: the path (with the query the endpoint needs besides) and the field.
+  const numbers = [
+    ["/v1/admin/assignments", "limit"],
+    ["/v1/admin/cycles", "limit"],
+    ["/v1/admin/percentiles", "windowHours"],
+    ["/v1/admin/targets/search", "after"],
+    ["/v1/admin/targets/search", "limit"],
+    ["/v1/admin/targets/inspect?source=github&identity=edge%2Fa", "limit"],
+    ["/v1/admin/audit", "before"],
+    ["/v1/admin/audit", "limit"],
+    ["/v1/admin/findings", "after"],
+    ["/v1/admin/findings", "limit"]
+  ] as const
+  it("a number in a query is decimal digits: `1e1`, ` 1`, `0x10`, `+1`, `1_0`, `Infinity` and an empty value are a 400 invalid_query at the field", async () => {
+    const at = (path: string, field: string, value: string) => `${path}${path.includes("?") ? "&" : "?"}${field}=${value}`
+    for (const [path, field] of numbers) {
+      const ok = await exchange(port, http11("GET", at(path, field, "5"), adminToken))
+      expect(ok.status, `${at(path, field, "5")}: ${ok.text.slice(0, 300)}`).toBe(200)
+      const bad = ["1e1", "%201", "1%20", "0x10", "%2B1", "1_0", "Infinity", "", "-1", ...(field === "windowHours" ? ["1.", ".5", "1.5e1"] : ["1.0", "1.5"])]
+      for (const value of bad) expectInvalidAt(await exchange(port, http11("GET", at(path, field, value), adminToken)), "invalid_query", field, at(path, field, value))
+    }
+    // a decimal is a number of hours
+    expect((await exchange(port, http11("GET", "/v1/admin/percentiles?windowHours=0.5", adminToken))).body.windowHours).toBe(0.5)
+  })
+
+  it("a console action or asset path with a trailing slash is a 400 invalid_path, an action name with `;` is an unknown action, and the source is not paused", async () => {
+    const login = await fetch(`${s.url}/?token=${adminToken}`, { redirect: "manual" })
+    const cookie = /scanfleet_admin=[^;]+/.exec(login.headers.get("set-cookie") ?? "")?.[0] ?? ""
+    const page = await fetch(`${s.url}/console/sources`, { headers: { cookie } })
+    const csrf = /name="csrf" value="([0-9a-f]+)"/.exec(await page.text())?.[1] ?? ""
+    expect(csrf).not.toBe("")
+    const form = new URLSearchParams({ csrf, back: "/console/sources", source: "gitlab", reason: "edge test" }).toString()
+    const post = (target: string) =>
+      `POST ${target} HTTP/1.1\r\nHost: 127.0.0.1\r\nCookie: ${cookie}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: ${form.length}\r\nConnection: close\r\n\r\n${form}`
+    const before = await snapshot()
+    for (const target of ["/console/actions/pause/", "/console/actions/pause%00"]) {
+      const r = await exchange(port, post(target))
+      expect(r.status, `${target}: ${r.text.slice(0, 300)}`).toBe(400)
+      expect(r.text, target).toContain("action")
+    }
+    // a segment that is not an action's name is an unknown action, refused on the page the form came from
+    for (const target of ["/console/actions/pause;x", "/console/actions/pause%3B"]) {
+      const r = await exchange(port, post(target))
+      expect(r.status, `${target}: ${r.text.slice(0, 300)}`).toBe(303)
+      expect(new URL(r.headers.location ?? "", s.url).searchParams.get("refused"), target).toMatch(/^unknown action pause;x?$/)
+    }
+    expect(await snapshot()).toEqual(before)
+    // the same form without the slash does take effect
+    const done = await exchange(port, post("/console/actions/pause"))
+    expect(done.status, done.text.slice(0, 300)).toBe(303)
+    expect((await s.admin("GET", "/v1/admin/sources")).body.sources.find((x: any) => x.source === "gitlab")?.paused).toBe(true)
+    expect((await exchange(port, post("/console/actions/resume"))).status).toBe(303)
+    expectInvalidAt(await exchange(port, http11("GET", "/assets/uplot.css/", null)), "invalid_path", "name", "/assets/uplot.css/")
+    expect((await exchange(port, http11("GET", "/assets/uplot.css;x", null))).status).toBe(404)
+    expect((await exchange(port, http11("GET", "/assets/uplot.css", null))).status).toBe(200)
+  })
+
   describe("requests Node's HTTP parser refuses are answered with the JSON error body and Connection: close", () => {
     const post = (headers: string, body = "") => `POST /v1/assignments/claim HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer TOKEN\r\n${headers}\r\n${body}`
     const cases: ReadonlyArray<readonly [string, () => string | Buffer, number, string]> = [
