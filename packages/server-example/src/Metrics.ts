@@ -10,13 +10,8 @@ export const durationBuckets = [1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 
 /** Bucket bounds of the HTTP request histogram, seconds. */
 export const httpBuckets = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
 
-/** A request path as a metric label: numeric segments become `:id`, so labels stay few. */
-export const routeLabel = (path: string): string =>
-  path
-    .split("/")
-    .map((seg) => (/^[0-9]+$/.test(seg) ? ":id" : seg))
-    .join("/")
-    .slice(0, 100)
+/** The `route` label of a request no route matched: one value, whatever the path, so a client cannot add series. */
+export const unmatched = "unmatched"
 
 /**
  * The server's Prometheus metrics. Counters count what passed through this
@@ -32,8 +27,8 @@ export class Metrics extends Context.Tag("@scanfleet/server-example/Metrics")<
     readonly text: Effect.Effect<string>
     /** The content type of `text`. */
     readonly contentType: string
-    /** Counts one HTTP request and observes its duration. */
-    readonly observeRequest: (method: string, path: string, status: number, seconds: number) => void
+    /** Counts one HTTP request and observes its duration, under the route it matched (its template, as `/v1/assignments/:id/result`) or `unmatched`. */
+    readonly observeRequest: (method: string, route: string, status: number, seconds: number) => void
   }
 >() {}
 
@@ -181,8 +176,7 @@ export const make = (store: Store.StoreShape): Effect.Effect<{ readonly service:
       registry,
       contentType: registry.contentType,
       text: Effect.promise(() => registry.metrics()),
-      observeRequest: (method, path, status, seconds) => {
-        const route = routeLabel(path)
+      observeRequest: (method, route, status, seconds) => {
         httpRequests.inc({ method, route, status: String(status) })
         httpSeconds.observe({ method, route }, seconds)
       }

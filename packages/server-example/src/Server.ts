@@ -2,7 +2,7 @@ import { HttpMiddleware, HttpRouter, HttpServer, HttpServerRequest, HttpServerRe
 import type { ServeError } from "@effect/platform/HttpServerError"
 import { NodeHttpServer } from "@effect/platform-node"
 import { LogLine, Operations, type Store, WorkerApi } from "@scanfleet/core"
-import { Cause, Context, Deferred, Duration, Effect, Layer, Logger, LogLevel, Ref, Scheduler } from "effect"
+import { Cause, Context, Deferred, Duration, Effect, FiberRef, Layer, Logger, LogLevel, Ref, Scheduler } from "effect"
 import { createServer, type Server as HttpNodeServer, type ServerResponse } from "node:http"
 import * as AdminRoutes from "./AdminRoutes.js"
 import * as ApiReference from "./ApiReference.js"
@@ -89,9 +89,18 @@ const queryless = new Set(
     .map((e) => `${e.method} ${e.path}`)
 )
 
+// The template of the route a request matched (`/v1/assignments/:id/result`), for the metrics'
+// `route` label: set by the router's middleware, read by the access log in the same fiber.
+const matchedRoute = FiberRef.unsafeMake<string>(Metrics.unmatched)
+
 const routes = router.pipe(
   HttpRouter.use((handler) =>
-    Effect.flatMap(HttpRouter.RouteContext, (ctx) => (queryless.has(`${ctx.route.method} ${ctx.route.path}`) ? Effect.zipRight(Request.query(WorkerApi.EmptyQuery), handler) : handler))
+    Effect.flatMap(HttpRouter.RouteContext, (ctx) =>
+      Effect.zipRight(
+        FiberRef.set(matchedRoute, ctx.route.path),
+        queryless.has(`${ctx.route.method} ${ctx.route.path}`) ? Effect.zipRight(Request.query(WorkerApi.EmptyQuery), handler) : handler
+      )
+    )
   )
 )
 
@@ -139,7 +148,7 @@ const accessLog = HttpMiddleware.make((httpApp) =>
       Effect.tap((res) =>
         Effect.logInfo("http").pipe(
           Effect.annotateLogs({ method: req.method, path: Url.parse(req.url).pathname, status: res.status, ms: Date.now() - start }),
-          Effect.zipLeft(Effect.sync(() => metrics.observeRequest(req.method, Url.parse(req.url).pathname, res.status, (Date.now() - start) / 1000)))
+          Effect.zipLeft(Effect.flatMap(FiberRef.get(matchedRoute), (route) => Effect.sync(() => metrics.observeRequest(req.method, route, res.status, (Date.now() - start) / 1000))))
         )
       ),
       Effect.ensuring(
