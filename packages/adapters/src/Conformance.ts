@@ -965,6 +965,15 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
 
     if (capabilities.concurrency) {
       describe("real concurrency", () => {
+        test("32 racing configuration applies each store their own version, numbered 1 to 32 without a gap", (s) =>
+          Effect.gen(function* () {
+            const applied = yield* Effect.all(
+              Array.from({ length: 32 }, (_, i) => s.applyConfig(Config.defaults, `admin-${i}`, T0 + i)),
+              { concurrency: "unbounded" }
+            )
+            expect(applied.map((v) => v.version).sort((a, b) => a - b)).toEqual(Array.from({ length: 32 }, (_, i) => i + 1))
+            expect((yield* s.activeConfig())?.version).toBe(32)
+          }))
         test("durations recorded and percentiles read on many connections at once are all counted, once", (s) =>
           Effect.gen(function* () {
             const d = (i: number, k: number): Assignment.Duration => ({ source: "gitlab", metric: "scanning", outcome: "clean", ms: 100 + ((i * 7 + k) % 50), at: T0 + (i % 5) * 20 * MIN + k })

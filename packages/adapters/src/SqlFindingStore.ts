@@ -2,6 +2,7 @@ import { SqlClient, type SqlError } from "@effect/sql"
 import { Effect, Layer } from "effect"
 import { type Assignment, Errors, type Findings, FindingStore, type Store } from "@scanfleet/core"
 import { Findings as Rules } from "@scanfleet/core"
+import * as Dialect from "./internal/Dialect.js"
 import { mapped } from "./internal/SqlErrors.js"
 
 type Row = { readonly [column: string]: unknown }
@@ -75,6 +76,7 @@ export const record = (sql: SqlClient.SqlClient, input: FindingStore.ScanInput):
   Effect.gen(function* () {
     if (!Rules.relates(input.outcome)) return
     const isPg = sql.onDialectOrElse({ pg: () => true, orElse: () => false })
+    const { inIds } = Dialect.of(sql)
     const each = (v: unknown) =>
       isPg
         ? sql`jsonb_array_elements(${JSON.stringify(v)}::jsonb) WITH ORDINALITY AS j(value, k)`
@@ -123,7 +125,7 @@ export const record = (sql: SqlClient.SqlClient, input: FindingStore.ScanInput):
         }
     }
     if (plan.resolved.length > 0) {
-      yield* sql`UPDATE findings SET status = 'resolved', resolved_at = ${at}, resolved_revision = ${revision} WHERE id IN ${sql.in(plan.resolved)}`
+      yield* sql`UPDATE findings SET status = 'resolved', resolved_at = ${at}, resolved_revision = ${revision} WHERE id ${inIds(plan.resolved)}`
       for (const id of plan.resolved) {
         changed.set(id, "resolved")
         events.push([id, "resolved"])
@@ -138,7 +140,7 @@ export const record = (sql: SqlClient.SqlClient, input: FindingStore.ScanInput):
       INSERT INTO finding_scans (reservation_id, target_id, source, identity, revision, at, new_count, present_count, resolved_count)
       VALUES (${input.reservationId}, ${input.targetId}, ${input.source}, ${input.identity}, ${revision}, ${at}, ${s.new}, ${s.present}, ${s.resolved})`
     if (changed.size === 0) return
-    const rows = (yield* sql<Row>`SELECT * FROM findings WHERE id IN ${sql.in([...changed.keys()])} ORDER BY id`).map(finding)
+    const rows = (yield* sql<Row>`SELECT * FROM findings WHERE id ${inIds([...changed.keys()])} ORDER BY id`).map(finding)
     const payload: Omit<Findings.OutboxEvent, "seq"> = {
       type: "scan.related",
       at,
@@ -159,6 +161,7 @@ export const record = (sql: SqlClient.SqlClient, input: FindingStore.ScanInput):
 export const make: Effect.Effect<FindingStore.FindingStoreShape, never, SqlClient.SqlClient> = Effect.gen(function* () {
   const sql = yield* SqlClient.SqlClient
   const isPg = sql.onDialectOrElse({ pg: () => true, orElse: () => false })
+  const { inIds } = Dialect.of(sql)
   return {
     list: (q) =>
       mapped(
@@ -188,7 +191,9 @@ export const make: Effect.Effect<FindingStore.FindingStoreShape, never, SqlClien
           const events =
             findings.length === 0
               ? []
-              : (yield* sql<Row>`SELECT * FROM finding_events WHERE finding_id IN ${sql.in(findings.map((f) => f.id))} ORDER BY at, reservation_id, finding_id`).map(
+              : (yield* sql<Row>`
+                  SELECT e.* FROM finding_events e JOIN findings f ON f.id = e.finding_id
+                  WHERE f.source = ${source} AND f.identity = ${identity} ORDER BY e.at, e.reservation_id, e.finding_id`).map(
                   (r): Findings.Event => ({ findingId: Number(r.finding_id), reservationId: Number(r.reservation_id), kind: r.kind as Findings.Event["kind"], revision: text(r.revision), at: Number(r.at) })
                 )
           return { findings, events, scans }

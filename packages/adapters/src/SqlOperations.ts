@@ -43,7 +43,7 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
   const sql = yield* SqlClient.SqlClient
   const isPg = sql.onDialectOrElse({ pg: () => true, orElse: () => false })
   const forUpdate = sql.literal(isPg ? " FOR UPDATE" : "")
-  const { revocationLock } = Dialect.of(sql)
+  const { revocationLock, inIds } = Dialect.of(sql)
   const lockTarget = sql.literal(isPg ? " FOR UPDATE OF t" : "")
   // As the Store does: SQLite takes its write lock first, so a transaction never fails to upgrade.
   const writeLock = isPg ? Effect.void : sql`UPDATE targets SET fence = fence WHERE 0`
@@ -97,7 +97,7 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
       yield* sql`
         UPDATE targets SET status = 'pending', fence = fence + 1
         WHERE status = 'in_progress' AND (id, fence) IN (${pairs(as.map((a) => [a.targetId, a.fence] as const))})`
-      yield* sql`UPDATE assignments SET state = 'released', ended_at = ${now} WHERE state = 'active' AND reservation_id IN ${sql.in(as.map((a) => a.reservationId))}`
+      yield* sql`UPDATE assignments SET state = 'released', ended_at = ${now} WHERE state = 'active' AND reservation_id ${inIds(as.map((a) => a.reservationId))}`
       return as.map((a): Assignment.Assignment => ({ ...a, state: "released", endedAt: now }))
     })
 
@@ -121,7 +121,7 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
         WHERE ${where} ORDER BY d.id`
       if (ds.length === 0) return []
       const active = (yield* sql<Row>`
-        SELECT ${sql.literal(Codec.assignmentColumns)} FROM assignments WHERE state = 'active' AND device_id IN ${sql.in(ds.map((d) => Number(d.id)))} ORDER BY slot`).map(Codec.assignment)
+        SELECT ${sql.literal(Codec.assignmentColumns)} FROM assignments WHERE state = 'active' AND device_id ${inIds(ds.map((d) => Number(d.id)))} ORDER BY slot`).map(Codec.assignment)
       return ds.map(
         (d): Operations.DeviceDetail => ({
           ...Codec.device(d),
@@ -208,8 +208,8 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
             SELECT ${sql.literal(Codec.assignmentColumns)} FROM assignments WHERE target_id = ${target.id} ORDER BY reservation_id DESC LIMIT ${Math.max(0, Math.floor(limit))}`).map(Codec.assignment)
           if (as.length === 0) return { target, assignments: [] }
           const ids = as.map((a) => a.reservationId)
-          const evs = yield* sql<Row>`SELECT * FROM progress_events WHERE reservation_id IN ${sql.in(ids)} ORDER BY reservation_id, seq`
-          const cs = yield* sql<Row>`SELECT * FROM cancellations WHERE reservation_id IN ${sql.in(ids)}`
+          const evs = yield* sql<Row>`SELECT * FROM progress_events WHERE reservation_id ${inIds(ids)} ORDER BY reservation_id, seq`
+          const cs = yield* sql<Row>`SELECT * FROM cancellations WHERE reservation_id ${inIds(ids)}`
           return {
             target,
             assignments: as.map((assignment) => {

@@ -56,6 +56,8 @@ describe("PostgreSQL SQLSTATEs map to reasons, each provoked on a real server", 
     ["22012", "invalid", () => a.query("SELECT 1 / (SELECT count(*) FROM t WHERE id < 0)::int")],
     ["22P05", "invalid", () => a.query("SELECT $1::jsonb", ['"\\u0000"'])],
     ["54000", "invalid", () => a.query("INSERT INTO t (id, txt) VALUES (12, $1)", [randomBytes(8000).toString("base64")])],
+    // more parameters than the protocol's 65,535: the bind message is refused, the connection stays
+    ["08P01", "invalid", () => a.query(`SELECT 1 WHERE 1 IN (${Array.from({ length: 65_536 }, (_, i) => `$${i + 1}`).join(",")})`, Array.from({ length: 65_536 }, (_, i) => i))],
     ["23505", "constraint", () => a.query("INSERT INTO t (id) VALUES (1)")],
     ["23502", "constraint", () => a.query("INSERT INTO t (id, n) VALUES (13, NULL)")],
     ["23514", "constraint", () => a.query("INSERT INTO t (id, n) VALUES (14, -1)")],

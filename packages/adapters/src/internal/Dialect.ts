@@ -24,6 +24,8 @@ export interface Dialect {
   readonly writeLock: Effect.Effect<unknown, SqlError.SqlError>
   /** Serialises the transactions that count fleet-wide (a per-source cap); SQLite's write lock does. */
   readonly capLock: Effect.Effect<unknown, SqlError.SqlError>
+  /** Serialises configuration applies, which number their versions from the newest; SQLite's write lock does. */
+  readonly configLock: Effect.Effect<unknown, SqlError.SqlError>
   /**
    * Taken by a revocation, after its device row: claims do not lock the device row, so a
    * revocation waits for the claims in flight (they hold a writer's lock on assignments)
@@ -33,10 +35,18 @@ export interface Dialect {
   readonly revocationLock: Effect.Effect<unknown, SqlError.SqlError>
   /** The collation that groups raw rows by bytes, as the rollups' columns do. */
   readonly bytes: string
+  /**
+   * `IN` over a list of integer ids of any length as one parameter (`= ANY` of an array on
+   * Postgres, `json_each` on SQLite): a placeholder per id stops at the protocol's 65,535 on
+   * Postgres and at 32,766 variables on SQLite. An empty list matches nothing.
+   */
+  readonly inIds: (ids: ReadonlyArray<number>) => Statement.Fragment
 }
 
 // The advisory lock key that serialises claims under a per-source cap ("sfcap" in ASCII).
 const CAP_LOCK = 0x7366636170
+// The advisory lock key that serialises configuration applies ("sfcfg" in ASCII).
+const CONFIG_LOCK = 0x7366636667
 
 /** The dialect of a client. */
 export const of = (sql: SqlClient.SqlClient): Dialect =>
@@ -48,9 +58,11 @@ export const of = (sql: SqlClient.SqlClient): Dialect =>
       json: (v) => sql`${JSON.stringify(v)}::jsonb`,
       writeLock: Effect.void,
       capLock: sql`SELECT pg_advisory_xact_lock(${CAP_LOCK})`,
+      configLock: sql`SELECT pg_advisory_xact_lock(${CONFIG_LOCK})`,
       // Conflicts with writers (ROW EXCLUSIVE) and with itself; readers go on.
       revocationLock: sql`LOCK TABLE assignments IN SHARE ROW EXCLUSIVE MODE`,
-      bytes: ' COLLATE "C"'
+      bytes: ' COLLATE "C"',
+      inIds: (ids) => sql` = ANY (${`{${ids.map((id) => Math.trunc(id)).join(",")}}`}::bigint[])`
     }),
     orElse: (): Dialect => ({
       name: "sqlite",
@@ -59,7 +71,9 @@ export const of = (sql: SqlClient.SqlClient): Dialect =>
       json: (v) => sql`${JSON.stringify(v)}`,
       writeLock: sql`UPDATE targets SET fence = fence WHERE 0`,
       capLock: Effect.void,
+      configLock: Effect.void,
       revocationLock: Effect.void,
-      bytes: ""
+      bytes: "",
+      inIds: (ids) => sql` IN (SELECT value FROM json_each(${JSON.stringify(ids.map((id) => Math.trunc(id)))}))`
     })
   })

@@ -21,6 +21,7 @@ export const pgCodes: Readonly<Record<string, Reason>> = {
   "40P01": "conflict", // deadlock_detected
   "40002": "constraint", // transaction_integrity_constraint_violation (a deferred constraint at commit)
   "40003": "unavailable", // statement_completion_unknown: the connection was lost around a commit
+  "08P01": "invalid", // protocol_violation: a statement the server cannot take as sent (over 65,535 parameters); the connection is fine and a retry fails alike
   "55P03": "conflict", // lock_not_available
   "55006": "conflict", // object_in_use
   "25006": "unavailable", // read_only_sql_transaction: a standby or a read-only server

@@ -36,7 +36,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
   const isPg = dialect.name === "pg"
   // A claim's configuration's policies, interned before the claim (see Policies.make).
   const policies = Policies.make(sql, isPg)
-  const { forUpdate, writeLock } = dialect
+  const { forUpdate, writeLock, inIds } = dialect
 
   // A deadlock or serialization failure aborted the whole statement or transaction
   // before anything was committed: it is safe to run again.
@@ -314,11 +314,11 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
           const ids = due.map((a) => a.reservationId)
           yield* sql`
             UPDATE targets SET status = CASE WHEN attempts < CAST(${req.maxAttempts} AS DOUBLE PRECISION) THEN 'pending' ELSE 'failed' END, fence = fence + 1
-            WHERE status = 'in_progress' AND (id, fence) IN (SELECT target_id, fence FROM assignments WHERE reservation_id IN ${sql.in(ids)})`
+            WHERE status = 'in_progress' AND (id, fence) IN (SELECT target_id, fence FROM assignments WHERE reservation_id ${inIds(ids)})`
           yield* sql`
             UPDATE assignments SET state = 'expired', ended_at = ${req.now}, expired_at = ${req.now},
               expiry_last_phase = last_phase, expiry_last_progress_at = last_progress_at
-            WHERE reservation_id IN ${sql.in(ids)}`
+            WHERE reservation_id ${inIds(ids)}`
           return due.map(
             (a): Assignment.Assignment => ({
               ...a,
@@ -523,14 +523,17 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
       retryConflicts(
         transaction(
           Effect.map(
-            sql<{ version: number }>`
+            Effect.zipRight(
+              dialect.configLock,
+              sql<{ version: number }>`
               INSERT INTO config_versions (version, document, applied_by, applied_at)
               SELECT COALESCE(MAX(version), 0) + 1, ${dialect.json(document)}, ${appliedBy}, ${now} FROM config_versions
-              RETURNING version`,
+              RETURNING version`
+            ),
             ([r]): Store.ConfigVersion => ({ version: Number(r.version), document, appliedBy, appliedAt: now })
           )
         ).pipe(
-          // Two concurrent applies compute the same next version; the loser's primary-key violation is retried.
+          // Applies wait for each other (configLock); should two still compute the same next version, the loser's primary-key violation is retried.
           Effect.mapError((e) => (e.reason === "constraint" ? new Errors.StoreError({ ...e, reason: "conflict" }) : e))
         )
       ),
