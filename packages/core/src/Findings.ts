@@ -62,6 +62,9 @@ export const preview = (value: string): string => (value.length < 12 ? `…(${va
 /** The longest identifier-like strings a finding carries. */
 const label = z.string().min(1).max(500)
 
+/** The largest line number a finding carries (a 32-bit integer, as the stores keep it); a device reports a larger one as no line. */
+export const maxLine = 2_147_483_647
+
 /**
  * One finding as a device reports it: where it is, which detector found it,
  * the fingerprint that identifies the secret, and the scanner's own fields
@@ -76,7 +79,7 @@ export const Reported = z
     detector: label,
     /** Path of the file (or layer, or artifact) inside the target. */
     path: z.string().max(2000),
-    line: z.number().int().min(0).nullable().default(null),
+    line: z.number().int().min(0).max(maxLine).nullable().default(null),
     /** The revision (commit) the scanner saw the finding in, when it says. */
     commit: z.string().max(200).nullable().default(null),
     fingerprint: Fingerprint,

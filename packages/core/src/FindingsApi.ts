@@ -25,11 +25,14 @@ export const QueryInstant = z.string().transform((v, ctx) => {
   return t ?? z.NEVER
 })
 
+// A stored identity is at most 1,024 bytes of UTF-8 (the adapters' \`Records.maxIdentityBytes\`), so at most 1,024 UTF-16 units.
+const queriedIdentity = z.string().min(1).max(1024)
+
 /** GET /v1/admin/findings query (also the filters of /v1/admin/findings/export). */
 export const ListQuery = z
   .object({
     source: SourceSchema.optional(),
-    identity: z.string().min(1).max(1000).optional(),
+    identity: queriedIdentity.optional(),
     detector: z.string().min(1).max(500).optional(),
     status: z.enum(Findings.statuses).optional(),
     verified: flag.optional(),
@@ -97,7 +100,7 @@ export const TargetHistory = z
   .strict()
 
 /** GET /v1/admin/findings/target query. */
-export const TargetQuery = z.object({ source: SourceSchema, identity: z.string().min(1).max(1000) }).strict()
+export const TargetQuery = z.object({ source: SourceSchema, identity: queriedIdentity }).strict()
 
 /** GET /v1/device/fleet-key: the key devices fingerprint secrets with (hex), and its id so a rotation shows. */
 export const FleetKey = z.object({ keyId: z.string(), key: z.string().regex(/^[0-9a-f]{64}$/) }).strict()

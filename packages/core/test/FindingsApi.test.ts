@@ -83,3 +83,15 @@ describe("query-string instants: findings' since and targets' changedSince", () 
     }
   })
 })
+
+describe("a findings query names any stored identity", () => {
+  it("up to 1,024 characters (a stored identity is at most 1,024 bytes); past that it is refused at the field", () => {
+    for (const identity of ["i".repeat(1024), "\u00e9".repeat(512)]) {
+      expect(FindingsApi.TargetQuery.safeParse({ source: "gitlab", identity }).success).toBe(true)
+      expect(FindingsApi.ListQuery.safeParse({ identity }).success).toBe(true)
+    }
+    const over = FindingsApi.TargetQuery.safeParse({ source: "gitlab", identity: "i".repeat(1025) })
+    expect(over.success).toBe(false)
+    expect(over.error?.issues[0].path).toEqual(["identity"])
+  })
+})

@@ -39,13 +39,13 @@ const preview = Effect.gen(function* () {
 })
 
 /** Longest `X-Scanfleet-Actor` header accepted, in characters. */
-export const maxActorLength = 200
+export const maxActorLength = Request.maxActorLength
 
 /** POST /v1/admin/config/apply: stores a valid document as the next version. */
 const apply = Effect.gen(function* () {
   yield* Auth.admin({ cookie: false })
   const doc = yield* validated
-  const by = (yield* Request.textHeader("x-scanfleet-actor", maxActorLength)) ?? "admin"
+  const by = yield* Request.actorHeader
   const store = yield* Store.Store
   const now = yield* Clock.currentTimeMillis
   const v = yield* storeOp(store.applyConfig(doc, by, now))

@@ -187,7 +187,10 @@ export const admin: ReadonlyArray<Endpoint> = [
 ]
 
 /** The operator endpoints: inspect, steer and redrive the fleet. Every change is audited (`X-Scanfleet-Actor` names who, `reason` says why). */
-export const operations: ReadonlyArray<Endpoint> = [
+// Every operator action under /v1/admin (each write) names who acted by the same header.
+const named = (e: Endpoint): Endpoint => (e.method !== "GET" && e.path.startsWith("/v1/admin/") ? { ...e, headers: { "X-Scanfleet-Actor": maxActorLength, ...e.headers } } : e)
+
+export const operations: ReadonlyArray<Endpoint> = ([
   {
     method: "POST",
     path: "/v1/admin/targets",
@@ -308,7 +311,7 @@ export const operations: ReadonlyArray<Endpoint> = [
     query: AdminApi.AuditQuery,
     response: { status: 200, schema: AdminApi.AuditList }
   }
-]
+] satisfies Array<Endpoint>).map(named)
 
 /** Pages that are not JSON. */
 export const other: ReadonlyArray<Endpoint> = [

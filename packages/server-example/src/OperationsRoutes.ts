@@ -25,10 +25,9 @@ const op = <A>(e: Effect.Effect<A, Errors.NotFound | Errors.StoreError | Operati
   Effect.mapError(e, (err) => (err._tag === "NotFound" ? fromNotFound(err) : err._tag === "OperationRefused" ? fromOperationRefused(err) : fromStoreError(err)))
 
 /** Who acts: the `x-scanfleet-actor` header (at most 200 characters), else "admin". */
-export const actor = (why: string): Effect.Effect<Operations.Actor, never, HttpServerRequest.HttpServerRequest> =>
+export const actor = (why: string): Effect.Effect<Operations.Actor, ApiError, HttpServerRequest.HttpServerRequest> =>
   Effect.gen(function* () {
-    const req = yield* HttpServerRequest.HttpServerRequest
-    const who = (req.headers["x-scanfleet-actor"] ?? "").trim().slice(0, 200) || "admin"
+    const who = yield* Request.actorHeader
     return { who, why, now: yield* Clock.currentTimeMillis }
   })
 

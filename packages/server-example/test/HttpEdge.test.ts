@@ -273,6 +273,34 @@ describe("the HTTP edge, byte for byte, on SQLite", () => {
     expect((await exchange(port, http11("GET", "/assets/uplot.css", null))).status).toBe(200)
   })
 
+  it("X-Scanfleet-Actor over 200 characters or with a control character is a 400 invalid_header on every operator write, and nothing changes", async () => {
+    const before = await snapshot()
+    const writes = [...ApiReference.operations, ...ApiReference.admin].filter((e) => e.headers?.["X-Scanfleet-Actor"] !== undefined)
+    expect(writes.map((e) => `${e.method} ${e.path}`)).toContain("POST /v1/admin/targets/requeue")
+    for (const e of writes) {
+      const path = e.path.replace(":id", String(e.path.includes("devices") ? deviceId : live.reservationId)).replace(":source", "gitlab")
+      const bodies: Record<string, unknown> = {
+        "POST /v1/admin/targets": { targets: [{ source: "github", identity: "edge/actor" }], ...reason },
+        "POST /v1/admin/targets/requeue": { source: "github", identity: "edge/a", ...reason },
+        "POST /v1/admin/targets/priority": { source: "github", identity: "edge/a", priority: 5, ...reason },
+        "POST /v1/admin/devices/:id/sources": { sources: [], ...reason }
+      }
+      const body = bodies[`${e.method} ${e.path}`] ?? e.example ?? (e.body ? reason : undefined)
+      for (const actor of ["a".repeat(201), "carol\tx"]) {
+        const text = body === undefined ? "" : JSON.stringify(body)
+        const request = [`${e.method} ${path} HTTP/1.1`, "Host: 127.0.0.1", `Authorization: Bearer ${adminToken}`, `X-Scanfleet-Actor: ${actor}`, ...(body === undefined ? [] : ["Content-Type: application/json", `Content-Length: ${Buffer.byteLength(text)}`]), "Connection: close"]
+        const r = await exchange(port, `${request.join("\r\n")}\r\n\r\n${text}`)
+        expectRefusal(r, 400, "invalid_header", `${e.method} ${path} with an actor of ${actor.length} characters`)
+      }
+    }
+    expect(await snapshot()).toEqual(before)
+    // within the limit, trimmed, it names who acted
+    const ok = await exchange(port, http11("POST", "/v1/admin/sources/gitlab/pause", adminToken, reason).replace("Connection: close", `X-Scanfleet-Actor:   ${"c".repeat(200)}  \r\nConnection: close`))
+    expect(ok.status, ok.text).toBe(200)
+    expect((await s.admin("GET", "/v1/admin/audit?limit=1")).body.entries[0].who).toBe("c".repeat(200))
+    expect((await exchange(port, http11("POST", "/v1/admin/sources/gitlab/resume", adminToken, reason))).status).toBe(200)
+  })
+
   describe("requests Node's HTTP parser refuses are answered with the JSON error body and Connection: close", () => {
     const post = (headers: string, body = "") => `POST /v1/assignments/claim HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer TOKEN\r\n${headers}\r\n${body}`
     const cases: ReadonlyArray<readonly [string, () => string | Buffer, number, string]> = [

@@ -116,7 +116,7 @@ export const redact = (fleetKeyHex: string, scanner: string, map: Findings.Field
   const detector = String(Findings.at(finding, map.detector) ?? scanner).slice(0, 500)
   const path = String(Findings.at(finding, map.path) ?? "").slice(0, 2000)
   const lineValue = Number(Findings.at(finding, map.line))
-  const line = Number.isSafeInteger(lineValue) && lineValue >= 0 ? lineValue : null
+  const line = Number.isSafeInteger(lineValue) && lineValue >= 0 && lineValue <= Findings.maxLine ? lineValue : null
   const commitValue = Findings.at(finding, map.commit)
   const verifiedValue = Findings.at(finding, map.verified)
   // Without a secret value the finding is identified by where it is.

@@ -28,6 +28,14 @@ describe("redaction at the device", () => {
     }
   })
 
+  it("a line past Findings.maxLine (or negative, or not an integer) is reported as no line, so the server accepts the finding", () => {
+    const at = (line: unknown) => Redaction.redact(key, "trufflehog", Findings.fieldMaps.trufflehog, { ...truffle("AKIAFAKE0000EXAMPLE1"), SourceMetadata: { Data: { Git: { file: "a.env", line } } } })
+    expect(at(Findings.maxLine).line).toBe(Findings.maxLine)
+    for (const line of [Findings.maxLine + 1, 2 ** 53, -1, 1.5, "x"]) expect(at(line).line, String(line)).toBeNull()
+    expect(Findings.Reported.safeParse({ ...at(Findings.maxLine), line: Findings.maxLine + 1 }).success).toBe(false)
+    expect(Findings.Reported.safeParse(at(Findings.maxLine)).success).toBe(true)
+  })
+
   it("equal secrets fingerprint equally across calls and scanners; another key or secret gives another fingerprint; the field map finds detector, place and verified flag", () => {
     const a = Redaction.redact(key, "trufflehog", Findings.fieldMaps.trufflehog, truffle("AKIAFAKE0000EXAMPLE1"))
     const b = Redaction.redact(key, "trufflehog", Findings.fieldMaps.trufflehog, { ...truffle("AKIAFAKE0000EXAMPLE1"), SourceMetadata: { Data: { Git: { file: "b.env", line: 9 } } } })

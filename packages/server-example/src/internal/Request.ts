@@ -211,6 +211,19 @@ export const textHeader = (name: string, max: number): Effect.Effect<string | un
       : Effect.succeed(v)
   })
 
+/** Longest \`X-Scanfleet-Actor\` header accepted, in characters. */
+export const maxActorLength = 200
+
+/**
+ * Who an operator request names itself (\`X-Scanfleet-Actor\`), trimmed, else \`admin\`: over
+ * \`maxActorLength\` characters or with a control character it is 400 \`invalid_header\`, on every
+ * endpoint that reads it.
+ */
+export const actorHeader: Effect.Effect<string, ApiError, HttpServerRequest.HttpServerRequest> = Effect.map(
+  textHeader("x-scanfleet-actor", maxActorLength),
+  (v) => v?.trim() || "admin"
+)
+
 const invalidPath = (name: string, message: string) =>
   new ApiError({ status: 400, error: "invalid_path", message: `${name} ${message}`, issues: [{ path: [name], message }] })
 
