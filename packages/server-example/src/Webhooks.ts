@@ -1,6 +1,7 @@
-import { type Errors, type Findings, FindingStore } from "@scanfleet/core"
-import { Context, Duration, Effect, Layer, Option, Queue, Ref, Schedule } from "effect"
-import { createHmac, timingSafeEqual } from "node:crypto"
+import { type Errors, type Findings, FindingStore, Operations } from "@scanfleet/core"
+import { Clock, Context, Duration, Effect, Layer, Option, Queue, Ref, Schedule } from "effect"
+import { createHmac, randomBytes, timingSafeEqual } from "node:crypto"
+import { hostname } from "node:os"
 import type { ServerConfig } from "./ServerConfig.js"
 
 /**
@@ -11,6 +12,9 @@ import type { ServerConfig } from "./ServerConfig.js"
  * a receiver that is away loses nothing: at least once, in order per target
  * (the whole outbox is delivered in order). An event that exhausts its tries
  * goes to the dead-letter list, from which an operator can redeliver it.
+ * Several server instances on one database deliver through one of them: the
+ * one holding the `webhook` lease (`Operations.acquireLease`), renewed every
+ * third of `leaseMs`; another takes over within `leaseMs` of its last renewal.
  */
 
 /** The header carrying the signature: `t=<unix ms>,v1=<hex HMAC-SHA256 of "<t>.<body>">`. */
@@ -19,6 +23,10 @@ export const signatureHeader = "scanfleet-signature"
 export const eventHeader = "scanfleet-event"
 /** The subscriber name the webhook keeps its position and dead letters under. */
 export const subscriber = "webhook"
+
+/** The lease that makes one instance the deliverer, and how long it lasts unrenewed. */
+export const leaseName = "webhook"
+export const leaseMs = 15_000
 
 /** Signs a body at a time. */
 export const sign = (secret: string, body: string, at: number): string => `t=${at},v1=${createHmac("sha256", secret).update(`${at}.${body}`).digest("hex")}`
@@ -104,11 +112,30 @@ export const layer = (settings: Settings): Layer.Layer<never> =>
           }
         })
 
+      // With an operator port (a server's store), only the lease holder delivers; without one, this process alone does.
+      const ops = yield* Effect.serviceOption(Operations.Operations)
+      const held = yield* Ref.make<Operations.Lease | null>(null)
+      if (Option.isSome(ops)) {
+        const o = ops.value
+        const holder = `${hostname()}:${process.pid}:${randomBytes(4).toString("hex")}`
+        const renew = Effect.flatMap(Clock.currentTimeMillis, (now) => o.acquireLease(leaseName, holder, leaseMs, now)).pipe(
+          Effect.flatMap((l) => Ref.set(held, l)),
+          Effect.catchAll((e) => Effect.zipRight(Ref.set(held, null), Effect.logWarning("webhook lease not renewed", e)))
+        )
+        yield* renew
+        yield* Effect.forkScoped(Effect.forever(Effect.zipRight(Effect.sleep(Duration.millis(leaseMs / 3)), renew)))
+        yield* Effect.addFinalizer(() => Effect.flatMap(Ref.get(held), (l) => (l === null ? Effect.void : Effect.ignore(o.releaseLease(l.name, l.holder, l.token)))))
+      }
+      const leading = Option.isNone(ops) ? Effect.succeed(true) : Effect.map(Ref.get(held), (l) => l !== null)
+
       const loop = Effect.gen(function* () {
+        if (!(yield* leading)) return yield* Effect.sleep(Duration.millis(Math.max(settings.webhookPollMs, 200)))
         const pos = yield* f.cursor(subscriber)
         const evs = yield* f.outbox(pos, 50)
         if (evs.length === 0) return yield* Effect.sleep(Duration.millis(settings.webhookPollMs))
         for (const e of evs) {
+          // a lease lost (or taken over) mid-batch: the new holder resumes at the stored position
+          if (!(yield* leading)) return
           yield* deliver(e)
           yield* f.advance(subscriber, e.seq)
         }

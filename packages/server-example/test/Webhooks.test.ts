@@ -1,6 +1,6 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http"
 import type { AddressInfo, Socket } from "node:net"
-import { FindingStore, type Findings } from "@scanfleet/core"
+import { FindingStore, type Findings, Operations } from "@scanfleet/core"
 import { Effect, Layer, ManagedRuntime } from "effect"
 import { afterAll, describe, expect, it } from "vitest"
 import * as Database from "../src/Database.js"
@@ -128,6 +128,45 @@ describe("findings webhooks", () => {
     } finally {
       await rt.dispose()
       await rx.close()
+    }
+  }, 60_000)
+
+  it("two server instances on one database deliver each event once, through the instance holding the webhook lease; when it stops, the other takes over from the stored position", async () => {
+    const shared = sqliteFile()
+    const rx = await receiver()
+    const config = ServerConfig.make({
+      adminToken, host: "127.0.0.1", port: 0, logLevel: "none", databaseUrl: shared.url,
+      webhookUrl: rx.url, webhookSecret: secret, webhookMaxTries: 8, webhookTimeoutMs: 10_000, webhookBaseDelayMs: 50, webhookMaxDelayMs: 400, webhookPollMs: 20
+    })
+    const a = ManagedRuntime.make(ServerMod.layer(config).pipe(Layer.provideMerge(Database.layer(shared.url))))
+    const b = ManagedRuntime.make(ServerMod.layer(config).pipe(Layer.provideMerge(Database.layer(shared.url))))
+    try {
+      // a starts first and takes the lease; b finds it held
+      await a.runPromise(ServerMod.Info)
+      await b.runPromise(ServerMod.Info)
+      const t0 = Date.now()
+      for (let i = 0; i < 6; i++) await (i % 2 === 0 ? a : b).runPromise(scan(`two/${i}`, [`s${i}`], t0 + i))
+      const first = await a.runPromise(Effect.flatMap(FindingStore.FindingStore, (f) => f.outbox(0, 100)))
+      expect(first.length).toBe(6)
+      await until("the first six events", () => first.every((e) => rx.received.some((r) => r.seq === e.seq)))
+      // give a second deliverer time to post its copies, had there been one
+      await new Promise((r) => setTimeout(r, 500))
+      expect(rx.received.map((r) => r.seq)).toEqual(first.map((e) => e.seq))
+      // the holder stops (its lease released): the other instance delivers what comes next
+      const leaseHeld = (await a.runPromise(Effect.flatMap(Operations.Operations, (o) => o.acquireLease(Webhooks.leaseName, "probe", 1, Date.now())))) === null
+      expect(leaseHeld).toBe(true)
+      await a.dispose()
+      for (let i = 6; i < 9; i++) await b.runPromise(scan(`two/${i}`, [`s${i}`], t0 + i))
+      const all = await b.runPromise(Effect.flatMap(FindingStore.FindingStore, (f) => f.outbox(0, 100)))
+      await until("every event after the takeover", () => all.every((e) => rx.received.some((r) => r.seq === e.seq)), Webhooks.leaseMs + 15_000)
+      await new Promise((r) => setTimeout(r, 500))
+      expect(rx.received.map((r) => r.seq)).toEqual(all.map((e) => e.seq))
+      expect(await b.runPromise(Effect.flatMap(FindingStore.FindingStore, (f) => f.deadLetters(Webhooks.subscriber)))).toEqual([])
+    } finally {
+      await a.dispose()
+      await b.dispose()
+      await rx.close()
+      shared.cleanup()
     }
   }, 60_000)
 
