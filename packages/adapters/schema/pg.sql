@@ -339,7 +339,6 @@ ALTER TABLE finding_outbox ADD CONSTRAINT finding_outbox_pkey PRIMARY KEY (seq);
 ALTER TABLE finding_scans ADD CONSTRAINT finding_scans_pkey PRIMARY KEY (reservation_id);
 ALTER TABLE finding_scans ADD CONSTRAINT finding_scans_target_id_fkey FOREIGN KEY (target_id) REFERENCES targets(id);
 ALTER TABLE findings ADD CONSTRAINT findings_pkey PRIMARY KEY (id);
-ALTER TABLE findings ADD CONSTRAINT findings_target_id_detector_path_fingerprint_key UNIQUE (target_id, detector, path, fingerprint);
 ALTER TABLE findings ADD CONSTRAINT findings_target_id_fkey FOREIGN KEY (target_id) REFERENCES targets(id);
 ALTER TABLE fleet ADD CONSTRAINT fleet_one_check CHECK (one);
 ALTER TABLE fleet ADD CONSTRAINT fleet_pkey PRIMARY KEY (one);
@@ -385,7 +384,7 @@ CREATE INDEX finding_scans_target_idx ON finding_scans USING btree (target_id, r
 CREATE INDEX findings_identity_idx ON findings USING btree (source, identity, id);
 CREATE UNIQUE INDEX findings_pkey ON findings USING btree (id);
 CREATE INDEX findings_source_idx ON findings USING btree (source, status, id);
-CREATE UNIQUE INDEX findings_target_id_detector_path_fingerprint_key ON findings USING btree (target_id, detector, path, fingerprint);
+CREATE UNIQUE INDEX findings_target_key ON findings USING btree (target_id, fingerprint, md5(detector), md5(path));
 CREATE UNIQUE INDEX fleet_pkey ON fleet USING btree (one);
 CREATE UNIQUE INDEX leases_pkey ON leases USING btree (name);
 CREATE UNIQUE INDEX policies_content_key ON policies USING btree (source, policy, scan_ms, upload_ms, expiry_ms);

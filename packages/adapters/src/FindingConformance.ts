@@ -97,6 +97,24 @@ export const findingConformance = (name: string, make: MakeStores, capabilities:
         expect(all[0].lastRevision).toBe(new Date(T0 + 9 * MIN).toISOString())
       }))
 
+    test("findings at every limit of the result schema are stored and related again: detector and path at their length in 3-byte characters, the largest line, two findings apart only by path", (s, f) =>
+      Effect.gen(function* () {
+        const d = yield* s.addDevice({ name: "d", slots: 1, tokenHash: "h", now: T0 })
+        // CJK characters in no pattern (PostgreSQL compresses a key entry that repeats itself)
+        const cjk = (n: number, seed: number) => Array.from({ length: n }, (_, i) => String.fromCharCode(0x4e00 + ((i * 7919 + seed * 104729) % 20_000))).join("")
+        const long = (n: number, p: string): Planted => ({ detector: cjk(500, 1), path: `${cjk(1999, 2)}${p}`, line: Findings.maxLine, secret: `AKIAFAKEFAKEFAKE${n}` })
+        const ps = [long(1, "a"), { ...long(1, "b") }]
+        const first = yield* scan(s, d.id, "o/limits", T0, ps)
+        expect(yield* f.scan(first.reservationId)).toMatchObject({ new: 2, present: 0, resolved: 0 })
+        const second = yield* scan(s, d.id, "o/limits", T0 + 10 * MIN, [ps[0]])
+        expect(yield* f.scan(second.reservationId)).toMatchObject({ new: 0, present: 1, resolved: 1 })
+        const t = yield* f.forTarget("github", "o/limits")
+        expect(t.findings.map((x) => [x.path.length, x.detector.length, x.line, x.status])).toEqual([
+          [2000, 500, Findings.maxLine, "open"],
+          [2000, 500, Findings.maxLine, "resolved"]
+        ])
+      }))
+
     test("a failed scan resolves nothing; a clean one resolves everything; a secret that comes back is reopened as new", (s, f) =>
       Effect.gen(function* () {
         const d = yield* s.addDevice({ name: "d", slots: 1, tokenHash: "h", now: T0 })

@@ -17,6 +17,7 @@ import pg0014 from "./migrations/pg/0014_no_history_references.js"
 import pg0015 from "./migrations/pg/0015_expiry_index_apart.js"
 import pg0016 from "./migrations/pg/0016_rollups_by_start.js"
 import pg0017 from "./migrations/pg/0017_windows_by_start.js"
+import pg0018 from "./migrations/pg/0018_findings_key_hashed.js"
 import sqlite0001 from "./migrations/sqlite/0001_queue.js"
 import sqlite0002 from "./migrations/sqlite/0002_history.js"
 import sqlite0003 from "./migrations/sqlite/0003_vacuum.js"
@@ -34,6 +35,7 @@ import sqlite0014 from "./migrations/sqlite/0014_no_history_references.js"
 import sqlite0015 from "./migrations/sqlite/0015_expiry_index_apart.js"
 import sqlite0016 from "./migrations/sqlite/0016_rollups_by_start.js"
 import sqlite0017 from "./migrations/sqlite/0017_windows_by_start.js"
+import sqlite0018 from "./migrations/sqlite/0018_findings_key_hashed.js"
 
 /** The SQL dialects scanfleet ships migrations for. */
 export type Dialect = "pg" | "sqlite"
@@ -43,8 +45,8 @@ export const table = "scanfleet_migrations"
 
 // Static imports, so a bundle carries its migrations and never reads the file system.
 const migrations: Record<Dialect, Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>>> = {
-  pg: { "0001_queue": pg0001, "0002_history": pg0002, "0003_vacuum": pg0003, "0004_device_active": pg0004, "0005_duration_rollups": pg0005, "0006_lean_results": pg0006, "0007_fleet": pg0007, "0008_operations": pg0008, "0009_findings": pg0009, "0010_priority": pg0010, "0011_lean_hot_path": pg0011, "0012_policy_ref": pg0012, "0013_claim_head": pg0013, "0014_no_history_references": pg0014, "0015_expiry_index_apart": pg0015, "0016_rollups_by_start": pg0016, "0017_windows_by_start": pg0017 },
-  sqlite: { "0001_queue": sqlite0001, "0002_history": sqlite0002, "0003_vacuum": sqlite0003, "0004_device_active": sqlite0004, "0005_duration_rollups": sqlite0005, "0006_lean_results": sqlite0006, "0007_fleet": sqlite0007, "0008_operations": sqlite0008, "0009_findings": sqlite0009, "0010_priority": sqlite0010, "0011_lean_hot_path": sqlite0011, "0012_policy_ref": sqlite0012, "0013_claim_head": sqlite0013, "0014_no_history_references": sqlite0014, "0015_expiry_index_apart": sqlite0015, "0016_rollups_by_start": sqlite0016, "0017_windows_by_start": sqlite0017 }
+  pg: { "0001_queue": pg0001, "0002_history": pg0002, "0003_vacuum": pg0003, "0004_device_active": pg0004, "0005_duration_rollups": pg0005, "0006_lean_results": pg0006, "0007_fleet": pg0007, "0008_operations": pg0008, "0009_findings": pg0009, "0010_priority": pg0010, "0011_lean_hot_path": pg0011, "0012_policy_ref": pg0012, "0013_claim_head": pg0013, "0014_no_history_references": pg0014, "0015_expiry_index_apart": pg0015, "0016_rollups_by_start": pg0016, "0017_windows_by_start": pg0017, "0018_findings_key_hashed": pg0018 },
+  sqlite: { "0001_queue": sqlite0001, "0002_history": sqlite0002, "0003_vacuum": sqlite0003, "0004_device_active": sqlite0004, "0005_duration_rollups": sqlite0005, "0006_lean_results": sqlite0006, "0007_fleet": sqlite0007, "0008_operations": sqlite0008, "0009_findings": sqlite0009, "0010_priority": sqlite0010, "0011_lean_hot_path": sqlite0011, "0012_policy_ref": sqlite0012, "0013_claim_head": sqlite0013, "0014_no_history_references": sqlite0014, "0015_expiry_index_apart": sqlite0015, "0016_rollups_by_start": sqlite0016, "0017_windows_by_start": sqlite0017, "0018_findings_key_hashed": sqlite0018 }
 }
 
 /** The migration ids of a dialect, in order (both dialects share one list). */
