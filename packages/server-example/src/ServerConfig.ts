@@ -83,10 +83,14 @@ export const envVars = {
 /** The command-line flag of each setting (the CLI reads the same names). */
 export const flagOf = (field: string): string => `--${field.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`).replace(/^database-url$/, "database")}`
 
-/** Where a setting can be given, for messages: the flag, the environment variable and the file key. */
+/** The settings `serve` also takes as a flag (Cli.ts declares them; `--log-level` is @effect/cli's own); the others come from the environment or the settings file. */
+export const flagged: ReadonlySet<string> = new Set(["databaseUrl", "logFormat", "logLevel", "host", "port", "adminToken", "sweepIntervalMs", "poolSize", "pgPrepare"])
+
+/** Where a setting can be given, for messages: its flag where it has one, its environment variable where it has one, else the settings file. */
 export const whereSet = (field: string): string => {
   const env = Object.entries(envVars).find(([, f]) => f === field)?.[0]
-  return `${flagOf(field)}${env ? ` or ${env}` : ""}`
+  const places = [...(flagged.has(field) ? [flagOf(field)] : []), ...(env ? [env] : [])]
+  return places.length > 0 ? places.join(" or ") : `the settings file's "${field}"`
 }
 
 const numeric = new Set(["port", "sweepIntervalMs", "poolSize"])

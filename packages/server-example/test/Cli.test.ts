@@ -4,6 +4,7 @@ import { writeFileSync } from "node:fs"
 import { request } from "node:http"
 import { dirname, join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import * as ServerConfig from "../src/ServerConfig.js"
 import { sqliteFile } from "./fixtures/Databases.js"
 import { prepare, runCli, serve, type ServerProcess } from "./fixtures/ServerProcess.js"
 
@@ -21,6 +22,19 @@ describe("scanfleet-server CLI (real child processes, SQLite file)", { timeout: 
     db.cleanup()
   })
   let deviceToken = ""
+
+  it("a settings error names only the flags serve takes: each flagged setting is in serve --help, no other setting's flag is, and a bad findings raw key names its variable alone", async () => {
+    const help = await runCli(["serve", "--help"])
+    expect(help.code, help.stderr).toBe(0)
+    for (const field of Object.values(ServerConfig.envVars)) {
+      const flag = ServerConfig.flagOf(field)
+      expect(new RegExp(`${flag}\\b`).test(help.stdout), `${field}: ${flag}`).toBe(ServerConfig.flagged.has(field))
+    }
+    const bad = await runCli(["serve"], { ...env, SCANFLEET_FINDINGS_RAW_KEY: "short" })
+    expect(bad.code).not.toBe(0)
+    expect(bad.stderr).toContain("findingsRawKey (SCANFLEET_FINDINGS_RAW_KEY)")
+    expect(bad.stderr).not.toContain("--findings-raw-key")
+  })
 
   it("migrate, device add (token printed once), config preview and apply", async () => {
     const m = await runCli(["migrate"], { SCANFLEET_DATABASE_URL: db.url })
