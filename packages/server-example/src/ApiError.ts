@@ -15,6 +15,8 @@ export class ApiError extends Data.TaggedError("ApiError")<{
   readonly retryAfter?: number
   /** Close the connection after answering: the rest of the request was left unread. */
   readonly close?: boolean
+  /** What the store said, for the server's log only (never sent): the reason and the database's message, cut to 300 characters. */
+  readonly detail?: string
 }> {}
 
 /** The response of a refusal. */
@@ -83,6 +85,11 @@ export const fromNotFound = (e: Errors.NotFound) => new ApiError({ status: 404, 
  * later can. A corrupt database or a server defect is 500. Nothing was changed.
  */
 export const fromStoreError = (e: Errors.StoreError): ApiError => {
+  const r = answerOf(e)
+  return new ApiError({ status: r.status, error: r.error, message: r.message, issues: r.issues, retryAfter: r.retryAfter, detail: `${e.reason}: ${e.message}`.slice(0, 300) })
+}
+
+const answerOf = (e: Errors.StoreError): ApiError => {
   const unchanged = "nothing was changed by this request"
   switch (e.reason) {
     case "invalid":

@@ -114,9 +114,20 @@ const routed = Effect.flatMap(HttpServerRequest.HttpServerRequest, (req) => {
 
 // Refusals become their JSON body; anything unexpected is logged and answered
 // with a 500 that carries no detail (the log has it).
+/**
+ * The response of a refusal. A refusal by the store is logged with what the store said (its
+ * reason and message, never sent to the client), so an operator sees why requests got
+ * `store_unavailable` or `store_invalid`; every other refusal is the client's, and the access
+ * log's status line is enough.
+ */
+export const refused = (e: ApiError): Effect.Effect<HttpServerResponse.HttpServerResponse> =>
+  e.detail === undefined
+    ? Effect.succeed(toResponse(e))
+    : Effect.as(Effect.logWarning("the store refused a request").pipe(Effect.annotateLogs({ status: e.status, error: e.error, detail: e.detail })), toResponse(e))
+
 const app = routed.pipe(
   Effect.catchTags({
-    ApiError: (e: ApiError) => Effect.succeed(toResponse(e)),
+    ApiError: refused,
     RouteNotFound: () =>
       Effect.succeed(toResponse(new ApiError({ status: 404, error: "route_not_found", message: "no such endpoint; see docs/api for the list" })))
   }),
