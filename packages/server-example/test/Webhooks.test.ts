@@ -152,7 +152,9 @@ describe("findings webhooks", () => {
       // give a second deliverer time to post its copies, had there been one
       await new Promise((r) => setTimeout(r, 500))
       expect(rx.received.map((r) => r.seq)).toEqual(first.map((e) => e.seq))
-      // the holder stops (its lease released): the other instance delivers what comes next
+      // the holder has stored its position past the last of them, then stops (its lease released): the other instance delivers what comes next
+      const last = first[first.length - 1].seq
+      await until("the stored position", async () => (await a.runPromise(Effect.flatMap(FindingStore.FindingStore, (f) => f.cursor(Webhooks.subscriber)))) === last)
       const leaseHeld = (await a.runPromise(Effect.flatMap(Operations.Operations, (o) => o.acquireLease(Webhooks.leaseName, "probe", 1, Date.now())))) === null
       expect(leaseHeld).toBe(true)
       await a.dispose()
