@@ -384,6 +384,7 @@ CREATE INDEX finding_scans_target_idx ON finding_scans USING btree (target_id, r
 CREATE INDEX findings_identity_idx ON findings USING btree (source, identity, id);
 CREATE UNIQUE INDEX findings_pkey ON findings USING btree (id);
 CREATE INDEX findings_source_idx ON findings USING btree (source, status, id);
+CREATE INDEX findings_status_idx ON findings USING btree (status, id);
 CREATE UNIQUE INDEX findings_target_key ON findings USING btree (target_id, fingerprint, md5(detector), md5(path));
 CREATE UNIQUE INDEX fleet_pkey ON fleet USING btree (one);
 CREATE UNIQUE INDEX leases_pkey ON leases USING btree (name);

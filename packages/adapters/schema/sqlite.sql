@@ -289,6 +289,8 @@ CREATE INDEX findings_identity_idx ON findings (source, identity, id);
 
 CREATE INDEX findings_source_idx ON findings (source, status, id);
 
+CREATE INDEX findings_status_idx ON findings (status, id);
+
 CREATE INDEX targets_claim_idx ON targets ((id - priority * 10000), id) WHERE status = 'pending';
 
 CREATE INDEX targets_failed_idx ON targets (source, id) WHERE status IN ('failed', 'unresolved');

@@ -115,6 +115,24 @@ export const findingConformance = (name: string, make: MakeStores, capabilities:
         ])
       }))
 
+    test("newest lists the highest ids first, at most the limit; countByStatus counts each status up to cap + 1", (s, f) =>
+      Effect.gen(function* () {
+        const d = yield* s.addDevice({ name: "d", slots: 1, tokenHash: "h", now: T0 })
+        expect(yield* f.newest(5)).toEqual([])
+        expect(yield* f.countByStatus(10)).toEqual({ new: 0, open: 0, resolved: 0 })
+        yield* scan(s, d.id, "o/one", T0, [aws(1), aws(2), aws(3)])
+        yield* scan(s, d.id, "o/two", T0 + MIN, [aws(4), aws(5)])
+        yield* scan(s, d.id, "o/one", T0 + 10 * MIN, [aws(1), aws(2)])
+        const all = (yield* f.list({ limit: 100 })).findings
+        expect((yield* f.newest(3)).map((x) => x.id)).toEqual(all.map((x) => x.id).reverse().slice(0, 3))
+        expect(yield* f.newest(100)).toEqual([...all].reverse())
+        expect(yield* f.newest(0)).toEqual([])
+        expect(yield* f.countByStatus(10)).toEqual({ new: 2, open: 2, resolved: 1 })
+        // past the cap, cap + 1: more than the cap, without counting further
+        expect(yield* f.countByStatus(1)).toEqual({ new: 2, open: 2, resolved: 1 })
+        expect(yield* f.countByStatus(0)).toEqual({ new: 1, open: 1, resolved: 1 })
+      }))
+
     test("a failed scan resolves nothing; a clean one resolves everything; a secret that comes back is reopened as new", (s, f) =>
       Effect.gen(function* () {
         const d = yield* s.addDevice({ name: "d", slots: 1, tokenHash: "h", now: T0 })

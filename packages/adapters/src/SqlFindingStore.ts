@@ -182,6 +182,20 @@ export const make: Effect.Effect<FindingStore.FindingStoreShape, never, SqlClien
           return { findings: page, next: rows.length > limit ? page[page.length - 1].id : null }
         })
       ),
+    newest: (limit) =>
+      mapped(Effect.map(sql<Row>`SELECT * FROM findings ORDER BY id DESC LIMIT ${Math.max(0, Math.min(10_000, Math.floor(limit)))}`, (rows) => rows.map(finding))),
+    // Each status counted through (status, id) up to cap + 1 rows, in one statement.
+    countByStatus: (cap) => {
+      const n = Math.max(0, Math.floor(cap)) + 1
+      return mapped(
+        Effect.map(
+          sql<Row>`${sql.literal(
+            Rules.statuses.map((st) => `SELECT '${st}' AS status, (SELECT count(*) FROM (SELECT 1 FROM findings WHERE status = '${st}' LIMIT ${n}) s) AS n`).join(" UNION ALL ")
+          )}`,
+          (rows) => Object.fromEntries(Rules.statuses.map((st) => [st, Number(rows.find((r) => r.status === st)?.n ?? 0)])) as Record<Findings.Status, number>
+        )
+      )
+    },
     forTarget: (source, identity) =>
       mapped(
         Effect.gen(function* () {

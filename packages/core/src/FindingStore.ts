@@ -25,6 +25,10 @@ export class FindingStore extends Context.Tag("@scanfleet/core/FindingStore")<
   {
     /** Findings matching the filters, in id order from the cursor on; at most `limit`. */
     readonly list: (q: Findings.ListQuery) => Effect.Effect<Findings.Page, StoreError>
+    /** The newest findings (highest id first), at most `limit`: one bounded read whatever the number stored. */
+    readonly newest: (limit: number) => Effect.Effect<ReadonlyArray<Findings.Finding>, StoreError>
+    /** How many findings have each status, each counted up to `cap + 1` at most, so the read stays bounded: above `cap` reads as "more than cap". */
+    readonly countByStatus: (cap: number) => Effect.Effect<Readonly<Record<Findings.Status, number>>, StoreError>
     /** One target's findings with their history and its scans. */
     readonly forTarget: (source: Source, identity: string) => Effect.Effect<TargetFindings, NotFound | StoreError>
     /** The summary of the scan one reservation delivered; null when it touched no finding (a failed scan, or a clean one of a target with none): read as zeros. */
@@ -145,6 +149,13 @@ export const makeMemory = (): Memory => {
         const hits = rows.filter((f) => (q.after === undefined || f.id > q.after) && Findings.matches(f, q))
         const page = hits.slice(0, limit)
         return { findings: page, next: hits.length > limit && page.length > 0 ? page[page.length - 1].id : null }
+      }),
+    newest: (limit) => Effect.sync(() => rows.slice(Math.max(0, rows.length - Math.max(0, Math.floor(limit)))).reverse()),
+    countByStatus: (cap) =>
+      Effect.sync(() => {
+        const counts = Object.fromEntries(Findings.statuses.map((st) => [st, 0])) as Record<Findings.Status, number>
+        for (const f of rows) counts[f.status] = Math.min(counts[f.status] + 1, Math.max(0, Math.floor(cap)) + 1)
+        return counts
       }),
     forTarget: (source, identity) =>
       Effect.suspend(() => {
