@@ -321,8 +321,17 @@ export const other: ReadonlyArray<Endpoint> = [
     path: "/",
     auth: "admin (bearer or cookie)",
     summary:
-      "The dashboard (server-rendered HTML, refreshes every 5 s). Open `/?token=<admin token>` once: the server sets the HTTP-only, SameSite=Strict cookie `scanfleet_admin` (a session value derived from the token, which opens the dashboard and not the admin API) and redirects to `/`, so the token leaves the address bar. Takes the percentile query parameters (`source`, `metric`, `outcome`, `windowHours`).",
-    response: { status: 200, note: "text/html; 401 page without the token, 303 redirect after `?token=`" }
+      "The dashboard (server-rendered HTML, refreshes every 5 s). Without a session it answers 401 with a sign-in form (`POST /login`). `/?token=<admin token>` also signs in: the server sets the HTTP-only, SameSite=Strict cookie `scanfleet_admin` (a session value derived from the token, which opens the dashboard and not the admin API) and redirects to `/`, so the token leaves the address bar, but the browser's history keeps the address opened; the form keeps the token out of it. Takes the percentile query parameters (`source`, `metric`, `outcome`, `windowHours`).",
+    response: { status: 200, note: "text/html; 401 page with the sign-in form without a session, 303 redirect after `?token=`" }
+  },
+  {
+    method: "POST",
+    path: "/login",
+    auth: "none",
+    summary:
+      "The dashboard's sign-in form, `application/x-www-form-urlencoded` with one field `token`, the admin token (compared in constant time). A match sets the `scanfleet_admin` cookie and redirects (303) to `/`; a wrong, missing or repeated token is 401 with the form again. The token travels in the body, so no address or history holds it.",
+    bodyLimit: `${maxFormBytes} bytes (413 beyond)`,
+    response: { status: 303, note: "to `/`, with the session cookie" }
   },
   {
     method: "GET",

@@ -169,7 +169,8 @@ const iso = (ms: number | null) => (ms === null ? "—" : new Date(ms).toISOStri
 const noticeOf = (url: URL) => {
   const done = url.searchParams.get("done")
   const refused = url.searchParams.get("refused")
-  return done ? { kind: "done", text: done } : refused ? { kind: "refused", text: refused } : null
+  // cut as the redirect cuts it: a link cannot make a page show more
+  return done ? { kind: "done", text: notice(done) } : refused ? { kind: "refused", text: notice(refused) } : null
 }
 
 const page = (title: string, template: string, data: object, url: URL | null, status = 200, scripts = false) =>
@@ -229,7 +230,9 @@ const targets = Effect.gen(function* () {
   const p = yield* ops
     .listTargets({ source: q.source || undefined, status: q.status || undefined, identityPrefix: q.prefix || undefined, changedSince: q.changedSince, after: q.after, limit: q.limit })
     .pipe(Effect.mapError(fromStoreError))
-  const keep = { ...(q.source ? { source: q.source } : {}), ...(q.status ? { status: q.status } : {}), ...(q.prefix ? { prefix: q.prefix } : {}) }
+  // the next page is the same search: every filter and the page size as given
+  const given = (k: string) => url.searchParams.get(k) ?? ""
+  const keep = Object.fromEntries(["source", "status", "prefix", "changedSince", "limit"].filter((k) => given(k) !== "").map((k) => [k, given(k)]))
   return page(
     "Targets",
     "@targets",
@@ -302,7 +305,7 @@ const target = Effect.gen(function* () {
   const back = `/console/target?${new URLSearchParams({ source: q.source, identity: q.identity })}`
   const t = targetView(i.target)
   return page(
-    `Target ${t.source}:${t.identity.length > 60 ? `${t.identity.slice(0, 60)}…` : t.identity}`,
+    `Target ${t.source}:${cut(t.identity, 60)}`,
     "@target",
     {
       t,
@@ -401,7 +404,7 @@ const ActionForm = z
     back: z
       .string()
       .max(maxBackLength)
-      .regex(/^\/console\/[a-z]+(\?[\x21-\x7e]*)?$/, "must be a console page"),
+      .regex(/^\/console\/(targets|target|sources|devices)(\?[\x21-\x7e]*)?$/, "must be a console page that shows a notice (targets, target, sources, devices)"),
     reason: AdminApi.Reason,
     source: Source.SourceSchema.optional(),
     // as the JSON API checks an identity it adds (and discovery checks its records)
@@ -432,9 +435,12 @@ const actionForms = {
   resume: ActionForm.required({ source: true })
 }
 
+// Text cut to `max` UTF-16 units with an ellipsis, never between the halves of a surrogate pair.
+const cut = (text: string, max: number) => (text.length <= max ? text : `${text.slice(0, max - 1).replace(/[\ud800-\udbff]$/, "")}…`)
+
 // A notice carried back in the redirect: cut, so a refusal quoting a long identity keeps `Location` small.
 const maxNoticeLength = 200
-const notice = (text: string) => (text.length <= maxNoticeLength ? text : `${text.slice(0, maxNoticeLength - 1).replace(/[\ud800-\udbff]$/, "")}…`)
+const notice = (text: string) => cut(text, maxNoticeLength)
 
 // Why a key or value of a form cannot cross the edge, by the JSON API's rules (a NUL, an unpaired surrogate, too long).
 const refuseField = (k: string, v: string) => {
@@ -451,6 +457,16 @@ const refuseField = (k: string, v: string) => {
 const formFields = (text: string) => {
   const fields: Record<string, string | Array<string>> = {}
   let refused: ApiError | undefined
+  // URLSearchParams turns bytes that are not UTF-8 into U+FFFD; a form a browser sends never has them
+  for (const part of text.split("&")) {
+    try {
+      decodeURIComponent(part.replace(/\+/g, " "))
+    } catch {
+      const name = part.split("=", 1)[0].slice(0, 64)
+      refused = new ApiError({ status: 400, error: "invalid_body", message: `the request body is invalid: ${JSON.stringify(name)}: is not percent-encoded UTF-8`, issues: [{ path: [name], message: "is not percent-encoded UTF-8" }] })
+      break
+    }
+  }
   for (const [k, v] of new URLSearchParams(text)) {
     const bad = refused ? undefined : refuseField(k, v)
     if (bad) refused = new ApiError({ status: 400, error: "invalid_body", message: `the request body is invalid: ${bad.name}: ${bad.why}`, issues: [{ path: [bad.name], message: bad.why }] })

@@ -5,7 +5,7 @@ import type { z } from "zod"
 import * as AdminRoutes from "./AdminRoutes.js"
 import { ApiError, fromStoreError } from "./ApiError.js"
 import * as Auth from "./Auth.js"
-import { eta } from "./Console.js"
+import { eta, maxFormBytes } from "./Console.js"
 import * as FindingsPanel from "./FindingsPanel.js"
 import * as Request from "./internal/Request.js"
 import * as Url from "./internal/Url.js"
@@ -53,14 +53,15 @@ th{background:#f3f3f3}td.when{white-space:nowrap}.num{text-align:right}.insuffic
 eta.loadTemplate(
   "@dashboard-layout",
   `<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="5">
+<html lang="en"><head><meta charset="utf-8"><% if (it.refresh) { %><meta http-equiv="refresh" content="5"><% } %>
 <title><%= it.title %></title><style><%~ it.css %></style></head><body><%~ it.body %></body></html>`
 )
 
 eta.loadTemplate(
   "@dashboard-error",
   `<h1>scanfleet dashboard</h1><p data-testid="<%= it.testid %>"><%= it.message %></p>
-<% if (it.auth) { %><p>Open <code>/?token=&lt;admin token&gt;</code> once; the token is then kept in an HTTP-only cookie and removed from the address.</p><% } else { %><p><a href="/">Back to the dashboard</a></p><% } %>`
+<% if (it.auth) { %><form method="post" action="/login" data-testid="sign-in"><label>Admin token <input type="password" name="token" autocomplete="current-password" required></label> <button type="submit">Sign in</button></form>
+<p class="muted">The token is then kept as a session in an HTTP-only cookie. (<code>/?token=&lt;admin token&gt;</code> works too, but the browser's history keeps the address you open.)</p><% } else { %><p><a href="/">Back to the dashboard</a></p><% } %>`
 )
 
 eta.loadTemplate(
@@ -138,7 +139,7 @@ and the <b><%= it.labels.expiry %></b> (the server reclaims the target). The one
 <h2>Findings</h2><%~ it.findings %>`
 )
 
-const page = (title: string, body: string) => eta.render("@dashboard-layout", { title, css, body })
+const page = (title: string, body: string, refresh = true) => eta.render("@dashboard-layout", { title, css, body, refresh })
 
 const targetHref = (a: WorkerApi.AssignmentView) => `/console/target?${new URLSearchParams({ source: a.target.source, identity: a.target.identity })}`
 
@@ -224,15 +225,17 @@ const summaryItems = (s: z.infer<typeof WorkerApi.SummaryView>) => [
 
 const errorPage = (message: string, status: number) => {
   const auth = status === 401 || status === 403
-  return HttpServerResponse.html(page("scanfleet dashboard", eta.render("@dashboard-error", { message, auth, testid: auth ? "auth-error" : "error" }))).pipe(
+  // the sign-in form is not reloaded under the typing hand
+  return HttpServerResponse.html(page("scanfleet dashboard", eta.render("@dashboard-error", { message, auth, testid: auth ? "auth-error" : "error" }), !auth)).pipe(
     HttpServerResponse.setStatus(status),
     secured
   )
 }
 
 /**
- * GET /: the dashboard. `/?token=<admin token>` sets the admin cookie and
- * redirects to `/`, so the token leaves the address bar and the history.
+ * GET /: the dashboard. `/?token=<admin token>` sets the admin cookie and redirects to `/`, so
+ * the token leaves the address bar (the browser's history keeps the address opened: the
+ * sign-in form, `POST /login`, keeps it out).
  */
 const dashboard = Effect.gen(function* () {
   const req = yield* HttpServerRequest.HttpServerRequest
@@ -242,10 +245,7 @@ const dashboard = Effect.gen(function* () {
     const settings = yield* Settings
     if (!Tokens.equal(given, settings.adminToken)) return errorPage("The admin token is wrong.", 401)
     url.searchParams.delete("token")
-    return HttpServerResponse.empty({ status: 303 }).pipe(
-      HttpServerResponse.setHeader("location", `/${url.search}`),
-      HttpServerResponse.unsafeSetCookie(Auth.adminCookie, Auth.dashboardSession(settings.adminToken), { httpOnly: true, sameSite: "strict", path: "/" })
-    )
+    return signedIn(`/${url.search}`, settings.adminToken)
   }
   const authed = yield* Auth.admin({ cookie: true }).pipe(Effect.either)
   if (authed._tag === "Left") return errorPage(authed.left.message, authed.left.status)
@@ -282,5 +282,25 @@ const dashboard = Effect.gen(function* () {
   )
 )
 
-/** The dashboard route. */
-export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Settings> = HttpRouter.empty.pipe(HttpRouter.get("/", dashboard))
+/** The admin session cookie for `settings`' admin token. */
+const signedIn = (location: string, adminToken: string) =>
+  HttpServerResponse.empty({ status: 303 }).pipe(
+    HttpServerResponse.setHeader("location", location),
+    HttpServerResponse.unsafeSetCookie(Auth.adminCookie, Auth.dashboardSession(adminToken), { httpOnly: true, sameSite: "strict", path: "/" })
+  )
+
+/**
+ * POST /login: the sign-in form (`token`, the admin token). A match sets the admin cookie and
+ * redirects to `/`; the token travels in the body, so it is in no address and no history. A
+ * form over `Console.maxFormBytes` is 413; a wrong or missing token, 401 with the form again.
+ */
+const login = Effect.gen(function* () {
+  const settings = yield* Settings
+  const fields = new URLSearchParams(yield* Request.readBody(maxFormBytes))
+  const given = fields.getAll("token")
+  if (given.length !== 1 || !Tokens.equal(given[0], settings.adminToken)) return errorPage("The admin token is wrong.", 401)
+  return signedIn("/", settings.adminToken)
+}).pipe(Effect.catchTag("ApiError", (e: ApiError) => Effect.succeed(errorPage(e.message, e.status))))
+
+/** The dashboard routes. */
+export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Settings> = HttpRouter.empty.pipe(HttpRouter.get("/", dashboard), HttpRouter.post("/login", login))

@@ -137,7 +137,9 @@ const app = routed.pipe(
       : Effect.logError("request failed", cause).pipe(
           Effect.as(toResponse(new ApiError({ status: 500, error: "internal", message: "the server failed to handle the request; nothing is known to have changed" })))
         )
-  )
+  ),
+  // Every answer is what its content type says, never sniffed (a JSON body echoes stored strings).
+  Effect.map(HttpServerResponse.setHeader("x-content-type-options", "nosniff"))
 )
 
 /** Counts requests in flight so shutdown can wait for them. */

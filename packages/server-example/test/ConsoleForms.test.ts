@@ -131,14 +131,17 @@ describe("console forms (SQLite file)", { timeout: 60_000 }, () => {
       ["pause", `csrf=${csrf}&back=%2Fconsole%2Fsources&source=github&reason=a%00b`, "reason"],
       ["requeue", `csrf=${csrf}&back=%2Fconsole%2Fsources&source=github&identity=acme%2Fapp%00&reason=x`, "identity"],
       ["pause", `csrf=${csrf}&back=%2Fconsole%2Fsources%00&source=github&reason=x`, "back"],
-      ["pause", `csrf=${csrf}&back=%2Fconsole%2Fsources&source=github&reason=x&a%00=1`, "a"]
+      ["pause", `csrf=${csrf}&back=%2Fconsole%2Fsources&source=github&reason=x&a%00=1`, "a"],
+      // bytes that are not UTF-8 (a lone surrogate's encoding, a cut sequence): refused, not rewritten to U+FFFD
+      ["pause", `csrf=${csrf}&back=%2Fconsole%2Fsources&source=github&reason=a%ED%A0%80b`, "reason"],
+      ["pause", `csrf=${csrf}&back=%2Fconsole%2Fsources&source=github&reason=a%C3`, "reason"]
     ]
     for (const [action, body, field] of cases) {
       const r = await act(action, body)
       expect(r.status, body).toBe(400)
       expect(r.location, body).toBeUndefined()
       expect(message(r.body), body).toContain(`${field}`)
-      expect(message(r.body), body).toMatch(/NUL|invalid/)
+      expect(message(r.body), body).toMatch(/NUL|invalid|UTF-8/)
     }
     expect(await snapshot()).toEqual(before)
   })
@@ -156,6 +159,9 @@ describe("console forms (SQLite file)", { timeout: 60_000 }, () => {
       ["pause", { ...ok, back: "/\\evil.example/" }, "back"],
       ["pause", { ...ok, back: "/console/sources\r\nX-Injected: 1" }, "back"],
       ["pause", { ...ok, back: "/console/sources?x=\u4e2d" }, "back"],
+      // pages that show no notice: the action would run and its answer be an error page
+      ["pause", { ...ok, back: "/console/charts" }, "back"],
+      ["pause", { ...ok, back: "/console/nosuch" }, "back"],
       ["pause", { csrf, back: "/console/sources", reason: "x" }, "source"],
       ["requeue", { ...ok, identity: "i".repeat(1025) }, "identity"],
       ["requeue", { ...ok, identity: "" }, "identity"],
@@ -182,5 +188,63 @@ describe("console forms (SQLite file)", { timeout: 60_000 }, () => {
       expect(message(r.body)).toContain("CSRF")
     }
     expect(await snapshot()).toEqual(before)
+  })
+
+  it("a notice given in a link is shown cut to 200 characters, as the redirect cuts it", async () => {
+    const long = "x".repeat(1000)
+    const r = await send(`/console/sources?done=${long}`, undefined, {}, "GET")
+    expect(r.status).toBe(200)
+    const shown = /data-testid="notice-done"[^>]*>([^<]*)</.exec(r.body)?.[1] ?? /x{10,}…?/.exec(r.body)?.[0] ?? ""
+    expect(shown.length).toBeLessThanOrEqual(200)
+    expect(r.body).not.toContain("x".repeat(201))
+  })
+
+  it("a long identity of emoji is cut in the target page's title and heading without splitting a character", async () => {
+    const identity = `a${"\u{1F600}".repeat(255)}`
+    expect((await s.admin("POST", "/v1/admin/targets", { targets: [{ source: "gitlab", identity }], reason: "seed" })).status).toBe(201)
+    const r = await send(`/console/target?${new URLSearchParams({ source: "gitlab", identity })}`, undefined, {}, "GET")
+    expect(r.status).toBe(200)
+    const title = /<title>([^<]*)<\/title>/.exec(r.body)?.[1] ?? ""
+    expect(title).toContain("gitlab:a\u{1F600}")
+    expect(title.endsWith("\u2026")).toBe(true)
+    expect(/[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]|\ufffd/.test(r.body)).toBe(false)
+  })
+
+  it("the target search's next page keeps every filter and the page size", async () => {
+    for (let i = 0; i < 3; i++) expect((await s.admin("POST", "/v1/admin/targets", { targets: [{ source: "huggingface", identity: `page/${i}` }], reason: "seed" })).status).toBe(201)
+    const r = await send("/console/targets?source=huggingface&prefix=page%2F&changedSince=2000-01-01&limit=1", undefined, {}, "GET")
+    expect(r.status).toBe(200)
+    const next = /href="(\/console\/targets\?[^"]*after=[^"]*)"/.exec(r.body)?.[1]?.replaceAll("&amp;", "&") ?? ""
+    const q = new URL(next, s.url).searchParams
+    expect([q.get("source"), q.get("prefix"), q.get("changedSince"), q.get("limit")]).toEqual(["huggingface", "page/", "2000-01-01", "1"])
+  })
+
+  it("the sign-in form: without a session / answers 401 with a form posting the token in the body (no refresh); a wrong or repeated token is 401, the right one sets the session and redirects to /", async () => {
+    const signedOut = await fetch(`${s.url}/`)
+    expect(signedOut.status).toBe(401)
+    const html = await signedOut.text()
+    expect(html).toMatch(/<form method="post" action="\/login"[^>]*>.*<input type="password" name="token"/s)
+    expect(html).not.toContain('http-equiv="refresh"')
+    const post = (body: string) => fetch(`${s.url}/login`, { method: "POST", redirect: "manual", headers: { "content-type": "application/x-www-form-urlencoded" }, body })
+    for (const body of ["token=wrong-token-0123456789", "", `token=${adminToken}&token=${adminToken}`]) {
+      const r = await post(body)
+      expect(r.status, body).toBe(401)
+      expect(r.headers.get("set-cookie"), body).toBeNull()
+    }
+    const ok = await post(new URLSearchParams({ token: adminToken }).toString())
+    expect(ok.status).toBe(303)
+    expect(ok.headers.get("location")).toBe("/")
+    const session = /scanfleet_admin=[^;]+/.exec(ok.headers.get("set-cookie") ?? "")?.[0] ?? ""
+    expect(session).toBe(cookie)
+    expect(ok.headers.get("set-cookie")).toMatch(/HttpOnly/i)
+    expect((await fetch(`${s.url}/`, { headers: { cookie: session } })).status).toBe(200)
+    expect((await post(`token=${"t".repeat(Console.maxFormBytes)}`)).status).toBe(413)
+  })
+
+  it("every answer, HTML or JSON, carries X-Content-Type-Options: nosniff", async () => {
+    for (const [path, token] of [["/v1/admin/summary", adminToken], ["/v1/admin/findings?limit=1", adminToken], ["/no/such/route", null], ["/v1/admin/summary", null]] as const) {
+      const r = await fetch(s.url + path, { headers: token ? { authorization: `Bearer ${token}` } : {} })
+      expect(r.headers.get("x-content-type-options"), path).toBe("nosniff")
+    }
   })
 })
