@@ -29,6 +29,72 @@ export const maxJsonDepth = 64
 export const maxStringLength = 65_536
 /** Longest object key accepted anywhere in a JSON body, in UTF-16 code units. */
 export const maxKeyLength = 1024
+const loneSurrogate = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/
+
+/**
+ * Why a string cannot cross the edge, if it cannot: a NUL (PostgreSQL refuses it in text, and it
+ * ends C strings), an unpaired surrogate (it cannot be stored as UTF-8 exactly), or more than
+ * `max` UTF-16 code units.
+ */
+export const refuseString = (s: string, max: number): string | undefined => {
+  if (s.length > max) return `longer than ${max} characters (${s.length})`
+  if (s.includes("\u0000")) return "contains a NUL character (U+0000)"
+  if (loneSurrogate.test(s)) return "contains an unpaired UTF-16 surrogate"
+  return undefined
+}
+
+/** Where a JSON value breaks the edge's limits, and how. */
+export interface EdgeIssue {
+  readonly path: ReadonlyArray<string | number>
+  readonly message: string
+}
+
+interface Frame {
+  readonly value: unknown
+  readonly parent: Frame | undefined
+  readonly key: string | number
+  readonly level: number
+}
+
+const pathOf = (f: Frame | undefined): Array<string | number> => {
+  const path: Array<string | number> = []
+  for (let x = f; x?.parent !== undefined; x = x.parent) path.push(x.key)
+  return path.reverse()
+}
+
+/**
+ * The first place where a parsed JSON value breaks the edge's limits, walked without recursion: a
+ * string or key that holds a NUL or an unpaired surrogate or is too long (`maxStringLength`,
+ * `maxKeyLength`), or an array or object nested past `maxJsonDepth`. `level` is the level the
+ * value itself sits at in its body (1 for the body; 3 for one finding of a result). The server
+ * refuses a body with such a place; a device leaves such a finding out of its result.
+ */
+export const edgeIssue = (value: unknown, level = 1): EdgeIssue | undefined => {
+  const stack: Array<Frame> = [{ value, parent: undefined, key: "", level }]
+  while (stack.length > 0) {
+    const f = stack.pop()!
+    const v = f.value
+    if (typeof v === "string") {
+      const why = refuseString(v, maxStringLength)
+      if (why) return { path: pathOf(f), message: why }
+    } else if (typeof v === "object" && v !== null) {
+      if (f.level > maxJsonDepth) return { path: pathOf(f), message: `nested deeper than ${maxJsonDepth} levels` }
+      if (Array.isArray(v)) {
+        for (let i = v.length - 1; i >= 0; i--) stack.push({ value: v[i], parent: f, key: i, level: f.level + 1 })
+      } else {
+        const keys = Object.keys(v)
+        for (let i = keys.length - 1; i >= 0; i--) {
+          const k = keys[i]
+          const why = refuseString(k, maxKeyLength)
+          if (why) return { path: [...pathOf(f), k], message: `the key ${why}` }
+          stack.push({ value: (v as Record<string, unknown>)[k], parent: f, key: k, level: f.level + 1 })
+        }
+      }
+    }
+  }
+  return undefined
+}
+
 /** Longest query-string key or value accepted, in UTF-16 code units. */
 export const maxQueryLength = 1024
 /** Longest claim deadline a client may send: its own patience for the answer, in milliseconds. */

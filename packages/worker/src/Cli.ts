@@ -124,6 +124,15 @@ const runCommand = Command.make(
   (o) =>
     Effect.gen(function* () {
       const server = yield* CommandLine.required(o.server, "--server URL", "SCANFLEET_SERVER")
+      const protocol = (() => {
+        try {
+          return new URL(server).protocol
+        } catch {
+          return ""
+        }
+      })()
+      if (protocol !== "http:" && protocol !== "https:")
+        return yield* new CommandLine.UsageError({ message: `--server (or SCANFLEET_SERVER) must be an http:// or https:// URL, got ${JSON.stringify(server.slice(0, 200))}` })
       const token = yield* CommandLine.required(o.token, "--token TOKEN", "SCANFLEET_TOKEN")
       const scannerValue = yield* CommandLine.required(o.scanner, "--scanner SCANNER", "SCANFLEET_SCANNER")
       const slots = yield* nonNegative("slots", o.slots, 1)

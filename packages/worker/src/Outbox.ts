@@ -175,6 +175,9 @@ export const make = (opts: Options): Effect.Effect<Outbox, never, Scope.Scope> =
             Stream.filter((x) => x),
             Stream.take(1),
             Stream.runDrain,
+            // Drained from a finalizer, which runs uninterruptibly: a timeout ends only what it can
+            // interrupt, so without this a server that stays away held the device open for ever.
+            Effect.interruptible,
             Effect.timeoutTo({ duration: Duration.millis(timeoutMs), onSuccess: () => true, onTimeout: () => false })
           )
         )

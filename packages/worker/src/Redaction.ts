@@ -140,10 +140,13 @@ export const redact = (fleetKeyHex: string, scanner: string, map: Findings.Field
 export interface Redactor {
   /** Resolves once the fleet key is known; fails (retryably) while the server cannot be asked. */
   readonly ready: () => Promise<void>
-  /** Redacts a result's findings; waits for the fleet key, retrying while the server is unreachable. */
-  readonly findings: (fs: ReadonlyArray<Record<string, unknown>>) => Promise<Array<Record<string, unknown>>>
-  /** Redacts a result: its findings, and in its log every clear value those findings declared secret. */
-  readonly result: (staged: { readonly findings: ReadonlyArray<Record<string, unknown>>; readonly log: string }) => Promise<{ readonly findings: Array<Record<string, unknown>>; readonly log: string }>
+  /** Redacts a result's findings; waits for the fleet key, retrying while the server is unreachable, until `signal` aborts (then it rejects). */
+  readonly findings: (fs: ReadonlyArray<Record<string, unknown>>, signal?: AbortSignal) => Promise<Array<Record<string, unknown>>>
+  /** Redacts a result: its findings, and in its log every clear value those findings declared secret. Waits for the key as `findings` does. */
+  readonly result: (
+    staged: { readonly findings: ReadonlyArray<Record<string, unknown>>; readonly log: string },
+    signal?: AbortSignal
+  ) => Promise<{ readonly findings: Array<Record<string, unknown>>; readonly log: string }>
 }
 
 /**
@@ -169,12 +172,19 @@ export const make = (opts: { readonly server: string; readonly token: string; re
     key = FindingsApi.FleetKey.parse(JSON.parse(text)).key
     return key
   }
-  const keyEventually = async (): Promise<string> => {
+  // Retries with backoff until the key is known or `signal` aborts: a stopping device is not held
+  // open by a timer waiting for a server it can no longer reach.
+  const keyEventually = async (signal?: AbortSignal): Promise<string> => {
     for (let wait = 200; ; wait = Math.min(wait * 2, 5000)) {
+      signal?.throwIfAborted()
       try {
         return await fetchKey()
       } catch {
-        await new Promise((r) => setTimeout(r, wait))
+        await new Promise<void>((resolve, reject) => {
+          const timer = setTimeout(() => (signal?.removeEventListener("abort", stop), resolve()), wait)
+          const stop = () => (clearTimeout(timer), reject(signal?.reason))
+          signal?.addEventListener("abort", stop, { once: true })
+        })
       }
     }
   }
@@ -182,12 +192,12 @@ export const make = (opts: { readonly server: string; readonly token: string; re
     ready: async () => {
       await fetchKey()
     },
-    findings: async (fs) => {
-      const k = await keyEventually()
+    findings: async (fs, signal) => {
+      const k = await keyEventually(signal)
       return fs.map((f) => redact(k, opts.scanner.name, map, f, { rawUpload: opts.rawUpload ?? false }) as Record<string, unknown>)
     },
-    result: async (staged) => {
-      const k = await keyEventually()
+    result: async (staged, signal) => {
+      const k = await keyEventually(signal)
       const values = [...new Set(staged.findings.flatMap((f) => clearValues(opts.scanner.name, map, f)))].sort((a, b) => b.length - a.length)
       return {
         findings: staged.findings.map((f) => redact(k, opts.scanner.name, map, f, { rawUpload: opts.rawUpload ?? false }) as Record<string, unknown>),

@@ -1,4 +1,4 @@
-import { Deadline, LogLine, PhaseModel, WorkerApi } from "@scanfleet/core"
+import { Deadline, Findings, LogLine, PhaseModel, WorkerApi } from "@scanfleet/core"
 import { Cause, Clock, Context, Data, Deferred, Duration, Effect, Exit, Fiber, FiberSet, Layer, ManagedRuntime, Option, Runtime, type Scope, Stream, SubscriptionRef } from "effect"
 import { existsSync } from "node:fs"
 import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises"
@@ -133,7 +133,16 @@ export class Controller extends Context.Tag("@scanfleet/worker/Controller")<
 
 const clockIso = (ms: number) => new Date(ms).toISOString()
 
-/** Builds a result body within the contract's bounds, saying in the log what was cut. */
+// Text the edge would refuse in a log (a NUL, an unpaired surrogate), shown as U+FFFD instead.
+const unsendable = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g
+
+/**
+ * Builds a result body the server accepts, saying in the log what was cut: a finding the edge or
+ * the finding schema would refuse (core's `WorkerApi.edgeIssue` at a finding's level in the body,
+ * `Findings.Reported`) is left out rather than cost the whole result; then as many findings as
+ * fit `maxResultBytes` beside the log, counted in the bytes of their JSON; the log without what
+ * the edge refuses, cut to its limit.
+ */
 const resultBody = (
   fence: number,
   outcome: WorkerApi.AssignmentView["outcome"] & string,
@@ -141,16 +150,33 @@ const resultBody = (
   findings: ReadonlyArray<Record<string, unknown>>,
   log: string
 ): z.infer<typeof WorkerApi.ResultRequest> => {
-  const max = WorkerApi.maxFindings
-  const budget = WorkerApi.maxResultBytes - 70_000
-  const fit = (kept: ReadonlyArray<Record<string, unknown>>, note: string): [ReadonlyArray<Record<string, unknown>>, string] =>
-    kept.length > 0 && Buffer.byteLength(JSON.stringify(kept)) > budget
-      ? fit(kept.slice(0, Math.floor(kept.length / 2)), `\n[findings cut to ${Math.floor(kept.length / 2)} of ${findings.length} to fit the result size limit]`)
-      : [kept, note]
-  const [kept, note] = fit(findings.slice(0, max), findings.length > max ? `\n[${findings.length - max} findings cut at the ${max} limit]` : "")
-  const text = log + note
+  const notes: Array<string> = []
+  const conforming: Array<Record<string, unknown>> = []
+  let refused = 0
+  for (const f of findings) {
+    const edge = WorkerApi.edgeIssue(f, 3)
+    const shape = edge ? undefined : Findings.Reported.safeParse(f)
+    const why = edge ? `${edge.path.join(".") || "(the finding)"}: ${edge.message}` : shape && !shape.success ? shape.error.issues.map((i) => `${i.path.join(".")}: ${i.message}`).join("; ") : undefined
+    if (why === undefined) conforming.push(f)
+    else if (refused++ === 0) notes.push(`[finding ${findings.indexOf(f)} left out, the server would refuse it: ${why.slice(0, 300)}]`)
+  }
+  if (refused > 1) notes.push(`[${refused} findings left out in all, each one the server would refuse]`)
   const limit = WorkerApi.maxLogChars - 5_000
-  return { fence, outcome, finalPhase, findings: kept as Array<Record<string, unknown>>, log: text.length > limit ? text.slice(text.length - limit) : text }
+  const tail = (text: string) => (text.length > limit ? text.slice(text.length - limit) : text).replace(unsendable, "\ufffd")
+  // Room for the findings: the result limit less the log as sent (escaped), the notes and the rest of the body.
+  const budget = WorkerApi.maxResultBytes - Buffer.byteLength(JSON.stringify(tail(log))) - 8_192
+  const kept: Array<Record<string, unknown>> = []
+  let used = 2
+  for (const f of conforming.slice(0, WorkerApi.maxFindings)) {
+    const bytes = Buffer.byteLength(JSON.stringify(f)) + 1
+    if (used + bytes > budget) break
+    used += bytes
+    kept.push(f)
+  }
+  if (conforming.length > WorkerApi.maxFindings && kept.length === WorkerApi.maxFindings) notes.push(`[${conforming.length - WorkerApi.maxFindings} findings cut at the ${WorkerApi.maxFindings} limit]`)
+  else if (kept.length < conforming.length) notes.push(`[findings cut to ${kept.length} of ${conforming.length} to fit the result size limit]`)
+  const text = notes.length > 0 ? `${log}\n${notes.join("\n")}` : log
+  return { fence, outcome, finalPhase, findings: kept, log: tail(text) }
 }
 
 /**
@@ -334,7 +360,7 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
         if (started.phase === null || PhaseModel.canTransition(started.phase, "bundling")) yield* append(k, "bundling")
         const a = yield* mustGet(k)
         // Redaction: no declared secret value leaves the device (nor reaches the local result queue), in the findings or in the log.
-        const redacted = yield* Effect.promise(() => redactor.result(staged))
+        const redacted = yield* Effect.promise((signal) => redactor.result(staged, signal))
         const body = resultBody(a.fence, outcome, finalPhase, redacted.findings, redacted.log)
         if (a.phase !== "uploading" && a.phase !== "awaiting_receipt") yield* append(k, "uploading")
         const cur = yield* mustGet(k)
@@ -649,7 +675,7 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
     yield* Effect.forkScoped(
       Effect.async<void>((resume, signal) => {
         signal.addEventListener("abort", () => resume(Effect.void))
-        redactor.findings([]).then(() => resume(Effect.void), () => resume(Effect.void))
+        redactor.findings([], signal).then(() => resume(Effect.void), () => resume(Effect.void))
       })
     )
     const known = yield* state.slots

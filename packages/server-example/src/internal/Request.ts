@@ -6,8 +6,6 @@ import type { z } from "zod"
 import { ApiError, invalid } from "../ApiError.js"
 import * as Url from "./Url.js"
 
-type Path = ReadonlyArray<string | number>
-
 const tooLarge = (limit: number) =>
   new ApiError({
     status: 413,
@@ -79,58 +77,9 @@ const depthPast = (text: string, max: number): number | undefined => {
   return undefined
 }
 
-const loneSurrogate = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/
 
-/**
- * Why a string cannot cross the edge, if it cannot: a NUL (PostgreSQL refuses it
- * in text, and it ends C strings), an unpaired surrogate (it cannot be stored as
- * UTF-8 exactly), or more than `max` UTF-16 code units.
- */
-export const refuseString = (s: string, max: number): string | undefined => {
-  if (s.length > max) return `longer than ${max} characters (${s.length})`
-  if (s.includes("\u0000")) return "contains a NUL character (U+0000)"
-  if (loneSurrogate.test(s)) return "contains an unpaired UTF-16 surrogate"
-  return undefined
-}
-
-interface Frame {
-  readonly value: unknown
-  readonly parent: Frame | undefined
-  readonly key: string | number
-}
-
-const pathOf = (f: Frame | undefined): Array<string | number> => {
-  const path: Array<string | number> = []
-  for (let x = f; x?.parent !== undefined; x = x.parent) path.push(x.key)
-  return path.reverse()
-}
-
-/**
- * Every string and key of a parsed body, walked without recursion: the first one
- * that holds a NUL or an unpaired surrogate, or exceeds its length, as an issue at its path.
- */
-const refuseStrings = (value: unknown): { path: Path; message: string } | undefined => {
-  const stack: Array<Frame> = [{ value, parent: undefined, key: "" }]
-  while (stack.length > 0) {
-    const f = stack.pop()!
-    const v = f.value
-    if (typeof v === "string") {
-      const why = refuseString(v, WorkerApi.maxStringLength)
-      if (why) return { path: pathOf(f), message: why }
-    } else if (Array.isArray(v)) {
-      for (let i = v.length - 1; i >= 0; i--) stack.push({ value: v[i], parent: f, key: i })
-    } else if (typeof v === "object" && v !== null) {
-      const keys = Object.keys(v)
-      for (let i = keys.length - 1; i >= 0; i--) {
-        const k = keys[i]
-        const why = refuseString(k, WorkerApi.maxKeyLength)
-        if (why) return { path: [...pathOf(f), k], message: `the key ${why}` }
-        stack.push({ value: (v as Record<string, unknown>)[k], parent: f, key: k })
-      }
-    }
-  }
-  return undefined
-}
+/** Why a string cannot cross the edge, if it cannot (core's rule, `WorkerApi.refuseString`). */
+export const refuseString = WorkerApi.refuseString
 
 /**
  * Reads the body as JSON, refusing with a 4xx what the server would not store
@@ -163,7 +112,7 @@ export const json = (limit: number): Effect.Effect<unknown, ApiError, HttpServer
         })
       )
     }
-    const bad = refuseStrings(value)
+    const bad = WorkerApi.edgeIssue(value)
     return bad
       ? Effect.fail(new ApiError({ status: 400, error: "invalid_body", message: `the request body is invalid: ${bad.path.join(".") || "(root)"}: ${bad.message}`, issues: [{ path: [...bad.path], message: bad.message }] }))
       : Effect.succeed(value)

@@ -1,3 +1,4 @@
+import { WorkerApi } from "@scanfleet/core"
 import { closeSync, openSync, writeSync } from "node:fs"
 import type * as Scanner from "../Scanner.js"
 import type { OutputLimits } from "../UnitProtocol.js"
@@ -23,6 +24,22 @@ export interface Collector {
 }
 
 const NL = 0x0a
+
+/**
+ * Whether a parsed line nests deeper than a finding may: it sits at level 3 of a result body,
+ * which nests at most `WorkerApi.maxJsonDepth` levels. Walked without recursion, so a line
+ * nested 100,000 deep is measured, not a stack overflow in whatever reads it next.
+ */
+const tooDeep = (value: unknown): boolean => {
+  const stack: Array<[unknown, number]> = [[value, 3]]
+  while (stack.length > 0) {
+    const [v, level] = stack.pop()!
+    if (typeof v !== "object" || v === null) continue
+    if (level > WorkerApi.maxJsonDepth) return true
+    for (const child of Array.isArray(v) ? v : Object.values(v)) stack.push([child, level + 1])
+  }
+  return false
+}
 
 /** Makes a collector writing to `file` (null: no file). */
 export const collector = (limits: OutputLimits, file: string | null): Collector => {
@@ -67,7 +84,7 @@ export const collector = (limits: OutputLimits, file: string | null): Collector 
     }
     try {
       const v: unknown = JSON.parse(buf.toString("utf8"))
-      if (v !== null && typeof v === "object" && !Array.isArray(v)) offer(v as Record<string, unknown>, buf.length)
+      if (v !== null && typeof v === "object" && !Array.isArray(v) && !tooDeep(v)) offer(v as Record<string, unknown>, buf.length)
       else malformed++
     } catch {
       malformed++
@@ -160,7 +177,7 @@ export const describeCut = (cut: Scanner.Cut, limits: OutputLimits, malformed: n
   if (cut.findings > 0)
     notes.push(`${cut.findings} finding(s) cut at the limits (${limits.maxFindings} findings, ${limits.maxFindingsBytes} bytes of findings)`)
   if (cut.longLines > 0) notes.push(`${cut.longLines} stdout line(s) longer than ${limits.maxLineBytes} bytes dropped unread`)
-  if (malformed > 0) notes.push(`${malformed} stdout line(s) were not JSON objects and were dropped`)
+  if (malformed > 0) notes.push(`${malformed} stdout line(s) were not JSON objects (or nested deeper than ${WorkerApi.maxJsonDepth - 2} levels) and were dropped`)
   if (cut.unstoredBytes > 0) notes.push(`stdout was ${cut.stdoutBytes} bytes; ${cut.unstoredBytes} beyond the ${limits.maxStdoutFileBytes}-byte stdout file were counted, not stored`)
   return notes.map((n) => `\n[${n}]`).join("")
 }
