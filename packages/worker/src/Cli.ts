@@ -48,7 +48,8 @@ export const renderHistory = async (state: LocalState.LocalState, q: { readonly 
     out.push(...describe(a, now))
     for (const e of await state.journal(a)) {
       const kind = e.kind === "recovered" ? "recovered in" : "entered"
-      out.push(`  #${String(e.seq).padStart(3)} ${new Date(e.at).toISOString()} ${kind} ${e.phase}  [${e.delivery}]${e.detail ? `  ${e.detail}` : ""}`)
+      // a refused event says why, as a refused result does
+      out.push(`  #${String(e.seq).padStart(3)} ${new Date(e.at).toISOString()} ${kind} ${e.phase}  [${e.delivery}]${e.error ? ` ${e.error}` : ""}${e.detail ? `  ${e.detail}` : ""}`)
     }
     const r = await state.result(a)
     if (r?.kind === "result") out.push(`  result after #${r.afterSeq}: ${r.body.outcome}, ${r.body.findings.length} finding(s) [${r.delivery}]${r.error ? ` ${r.error}` : ""}`)

@@ -1,5 +1,5 @@
 import { PhaseModel } from "@scanfleet/core"
-import { LocalState } from "@scanfleet/worker"
+import { Cli, LocalState } from "@scanfleet/worker"
 import { Effect, FastCheck as fc } from "effect"
 import { execFile } from "node:child_process"
 import { mkdtempSync, rmSync } from "node:fs"
@@ -190,6 +190,36 @@ describe("a state file written before fleets had ids", () => {
       expect((await third.fleets()).map((f) => f.fleetId)).toEqual(["fleet-other", "fleet-new"])
     } finally {
       await third.close()
+    }
+  })
+})
+
+describe("the history view", () => {
+  it("a refused event is shown with the server's reason, as a refused result is", async () => {
+    const file = join(dir, `history-${++files}.db`)
+    const reason = "403 reservation_refused:not_active: reservation 15 is completed"
+    await Effect.runPromise(
+      Effect.provide(
+        Effect.flatMap(LocalState.State, (st) =>
+          Effect.gen(function* () {
+            yield* st.putAssignment(record(15))
+            const k = { fleetId: "fleet-a", reservationId: 15 }
+            yield* st.append(k, { kind: "phase", phase: "assigned", at: 10 })
+            yield* st.append(k, { kind: "recovered", phase: "assigned", at: 20, detail: "the controller restarted" })
+            yield* st.markEvents(k, [1], "acked", 30)
+            yield* st.markEvents(k, [2], "refused", 40, reason)
+          })
+        ),
+        LocalState.layer(file)
+      )
+    )
+    const state = await LocalState.open(file)
+    try {
+      const lines = (await Cli.renderHistory(state, { limit: 5 }, 50)).split("\n")
+      expect(lines.find((l) => l.includes("#  2"))).toContain(`[refused] ${reason}`)
+      expect(lines.find((l) => l.includes("#  1"))).not.toContain("refused")
+    } finally {
+      await state.close()
     }
   })
 })
