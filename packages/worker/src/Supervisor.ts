@@ -627,11 +627,23 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
     // Retried on a capped exponential schedule with jitter while the server cannot be reached.
     const reachBackoff = Outbox.backoff(200, 5000)
 
+    // The slots the server registered this device with (null when registration was refused or
+    // failed): slots claim once registration has ended, and a slot past them never claims.
+    const registeredSlots = yield* Deferred.make<number | null>()
     const register = client.register(plan.level).pipe(
       Effect.tapError((e) => (e._tag === "ApiUnreachable" ? emit({ type: "retry", reservationId: 0, message: `registration: ${e.message}` }) : Effect.void)),
       Effect.retry({ schedule: reachBackoff, while: (e) => e._tag === "ApiUnreachable" }),
+      Effect.tap((r) =>
+        Effect.zipRight(
+          Deferred.succeed(registeredSlots, r.device.slots),
+          opts.slots > r.device.slots
+            ? emit({ type: "error", message: `this device is registered with ${r.device.slots} slot(s) and runs ${opts.slots}: slots ${r.device.slots} to ${opts.slots - 1} stay idle (run it with --slots ${r.device.slots}, or register a device with more)` })
+            : Effect.void
+        )
+      ),
       Effect.flatMap((r) => Effect.zipRight(sawFleet(r.fleetId), emit({ type: "registered", fleetId: r.fleetId, containment: plan.level, at: r.serverNow }))),
-      Effect.catchAll((e) => emit({ type: "error", message: `registration ${e._tag === "ApiRefused" ? `refused: ${e.status} ${e.error}: ${e.message}` : `failed: ${e.message}`}` }))
+      Effect.catchAll((e) => emit({ type: "error", message: `registration ${e._tag === "ApiRefused" ? `refused: ${e.status} ${e.error}: ${e.message}` : `failed: ${e.message}`}` })),
+      Effect.ensuring(Deferred.succeed(registeredSlots, null))
     )
 
     /**
@@ -654,6 +666,9 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
     const slotLoop = (slot: number) =>
       Effect.forever(
         Effect.gen(function* () {
+          const registered = yield* Deferred.await(registeredSlots)
+          // said once, at registration; polling the server with a claim it refuses would say it every poll
+          if (registered !== null && slot >= registered) return yield* Effect.never
           const claimed = yield* claimOnce(slot)
           if (claimed === null) return yield* Effect.sleep(pollMs)
           const { view, askedAt } = claimed

@@ -66,4 +66,23 @@ describe("a scanner whose findings the server would refuse", () => {
       await fleet.close()
     }
   }, 90_000)
+
+  it("a device run with more slots than it was registered with says so once, at registration, and its extra slots stay idle instead of being refused every poll", async () => {
+    const fleet = await Fleet.start({ scanSeconds: 30, slots: 1 })
+    const events: Array<Supervisor.DeviceEvent> = []
+    mkdirSync(join(dir, "work2"))
+    const device = await Supervisor.start({ server: fleet.url, token: fleet.token, slots: 3, scanner: Scanner.demo({ delayMs: 50 }), state: join(dir, "device2.db"), workRoot: join(dir, "work2"), pollMs: 20, minBackoffMs: 50, maxBackoffMs: 200, drainMs: 500, onEvent: (e) => events.push(e) })
+    try {
+      await fleet.seed(["acme/one"])
+      const delivered = await until("the result of slot 0", () => events.find((e): e is Extract<Supervisor.DeviceEvent, { type: "delivered" }> => e.type === "delivered"))
+      expect(delivered.delivered.kind).toBe("accepted")
+      // long enough for dozens of polls by the extra slots
+      await new Promise((r) => setTimeout(r, 1000))
+      const errors = events.filter((e): e is Extract<Supervisor.DeviceEvent, { type: "error" }> => e.type === "error").map((e) => e.message)
+      expect(errors).toEqual([expect.stringContaining("registered with 1 slot(s) and runs 3: slots 1 to 2 stay idle")])
+    } finally {
+      await device.stop()
+      await fleet.close()
+    }
+  }, 90_000)
 })
