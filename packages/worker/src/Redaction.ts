@@ -42,6 +42,9 @@ export const secretValue = (v: unknown): string => {
   return strings.length === 0 ? Findings.canonical(v) : strings.reduce((a, b) => (b.length > a.length ? b : a))
 }
 
+// A field cut to the finding schema's length, never between the halves of a surrogate pair (half of one is refused at the edge).
+const cutAt = (text: string, max: number) => (text.length <= max ? text : text.slice(0, max).replace(/[\ud800-\udbff]$/, ""))
+
 // Shorter values would also match ordinary words of a log.
 const minScrubbed = 6
 
@@ -113,8 +116,8 @@ export const redact = (fleetKeyHex: string, scanner: string, map: Findings.Field
   }
   const details = scrub(finding, "") as Record<string, unknown>
   const from = (map.fingerprintFrom ?? map.secretFields).map((f) => finding[f]).find((v) => v !== undefined && v !== null && v !== "")
-  const detector = String(Findings.at(finding, map.detector) ?? scanner).slice(0, 500)
-  const path = String(Findings.at(finding, map.path) ?? "").slice(0, 2000)
+  const detector = cutAt(String(Findings.at(finding, map.detector) ?? scanner), 500)
+  const path = cutAt(String(Findings.at(finding, map.path) ?? ""), 2000)
   const lineValue = Number(Findings.at(finding, map.line))
   const line = Number.isSafeInteger(lineValue) && lineValue >= 0 && lineValue <= Findings.maxLine ? lineValue : null
   const commitValue = Findings.at(finding, map.commit)
@@ -126,7 +129,7 @@ export const redact = (fleetKeyHex: string, scanner: string, map: Findings.Field
     detector,
     path,
     line,
-    commit: typeof commitValue === "string" ? commitValue.slice(0, 200) : null,
+    commit: typeof commitValue === "string" ? cutAt(commitValue, 200) : null,
     fingerprint: fingerprint(fleetKeyHex, secret),
     preview: from !== undefined ? Findings.preview(secret) : "",
     verified: typeof verifiedValue === "boolean" ? verifiedValue : null,

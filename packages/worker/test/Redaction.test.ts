@@ -3,7 +3,7 @@ import { mkdtempSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { dirname, join } from "node:path"
 import { fileURLToPath } from "node:url"
-import { Findings } from "@scanfleet/core"
+import { Findings, WorkerApi } from "@scanfleet/core"
 import { describe, expect, it } from "@effect/vitest"
 import * as fc from "effect/FastCheck"
 import * as Redaction from "../src/Redaction.js"
@@ -26,6 +26,14 @@ describe("redaction at the device", () => {
       expect(Findings.unredacted(r)).toEqual([])
       expect(Findings.Reported.safeParse(r).success).toBe(true)
     }
+  })
+
+  it("a detector, path or commit past its length is cut without splitting a character, so the finding still crosses the edge", () => {
+    const emoji = "\u{1F600}"
+    const f = Redaction.redact(key, "trufflehog", Findings.fieldMaps.trufflehog, { ...truffle("AKIAFAKE0000EXAMPLE1"), DetectorName: `a${emoji.repeat(300)}`, SourceMetadata: { Data: { Git: { file: `b${emoji.repeat(1200)}`, line: 1, commit: `c${emoji.repeat(150)}` } } } })
+    expect([f.detector.length, f.path.length, (f.commit ?? "").length]).toEqual([499, 1999, 199])
+    expect(WorkerApi.edgeIssue(f, 3)).toBeUndefined()
+    expect(Findings.Reported.safeParse(f).success).toBe(true)
   })
 
   it("a line past Findings.maxLine (or negative, or not an integer) is reported as no line, so the server accepts the finding", () => {
