@@ -138,9 +138,7 @@ const runCommand = Command.make(
       const scannerValue = yield* CommandLine.required(o.scanner, "--scanner SCANNER", "SCANFLEET_SCANNER")
       const slots = yield* nonNegative("slots", o.slots, 1)
       if (slots < 1) return yield* new CommandLine.UsageError({ message: "--slots must be at least 1" })
-      // no permit would mean no scan ever starts
       const permits = yield* nonNegative("permits", o.permits, slots)
-      if (permits < 1) return yield* new CommandLine.UsageError({ message: "--permits must be at least 1 (a scan needs a permit to start)" })
       const scanner = yield* Effect.try({ try: () => parseScanner(scannerValue, process.cwd()), catch: (e) => new CommandLine.UsageError({ message: `--scanner: ${(e as Error).message}` }) })
       const state = stateFile(o.state)
       const options = {

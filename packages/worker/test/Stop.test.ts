@@ -45,12 +45,6 @@ describe("stopping a device", () => {
     expect(exit!.exitCode, exit!.all).toBe(0)
   }, 60_000)
 
-  it("--permits 0 is refused at start with exit 2: no scan could ever start", async () => {
-    const exit = await spawnCli(["run", "--server", "http://127.0.0.1:1", "--token", "sfd_x", "--scanner", "demo", "--permits", "0", "--state", join(dir, "p.db")])
-    expect(exit.exitCode, exit.all).toBe(2)
-    expect(exit.all).toContain("--permits must be at least 1")
-  }, 60_000)
-
   it("a --server that is not an http(s) URL is refused at start with exit 2, naming the flag", async () => {
     for (const server of ["notaurl", "ftp://127.0.0.1/"]) {
       const exit = await spawnCli(["run", "--server", server, "--token", "sfd_x", "--scanner", "demo", "--state", join(dir, "u.db")])
