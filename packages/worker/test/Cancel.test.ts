@@ -6,6 +6,7 @@ import { fileURLToPath } from "node:url"
 import { afterAll, afterEach, describe, expect, it } from "vitest"
 import * as Fleet from "./support/Fleet.js"
 import { currentMark, marked, useNoOrphans } from "./support/NoOrphans.js"
+import * as Poll from "./support/Poll.js"
 
 useNoOrphans()
 
@@ -18,15 +19,7 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c()
 })
 
-const until = async <A>(what: string, f: () => A | undefined | null | false, ms = 15_000): Promise<A> => {
-  const end = Date.now() + ms
-  for (;;) {
-    const v = f()
-    if (v) return v
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`)
-    await new Promise((r) => setTimeout(r, 10))
-  }
-}
+const until = <A>(what: string, f: () => A | undefined | null | false, ms = 15_000): Promise<A> => Poll.until(what, f, ms, 10)
 
 const graceMs = 300
 const watchMs = 200

@@ -7,6 +7,7 @@ import { fileURLToPath } from "node:url"
 import { afterAll, afterEach, describe, expect, it } from "vitest"
 import * as Fleet from "./support/Fleet.js"
 import { currentMark, marked, useNoOrphans } from "./support/NoOrphans.js"
+import * as Poll from "./support/Poll.js"
 
 useNoOrphans()
 
@@ -19,15 +20,7 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c()
 })
 
-const until = async <A>(what: string, f: () => Promise<A | undefined | null | false> | A | undefined | null | false, ms = 15_000): Promise<A> => {
-  const end = Date.now() + ms
-  for (;;) {
-    const v = await f()
-    if (v) return v
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`)
-    await new Promise((r) => setTimeout(r, 25))
-  }
-}
+const until = <A>(what: string, f: () => Promise<A | undefined | null | false> | A | undefined | null | false, ms = 15_000): Promise<A> => Poll.until(what, f, ms, 25)
 
 let n = 0
 /** A server and a device on it; the device's events are collected. */

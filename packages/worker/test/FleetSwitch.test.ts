@@ -6,6 +6,7 @@ import pg from "pg"
 import { afterAll, afterEach, describe, expect, inject, it } from "vitest"
 import * as Fleet from "./support/Fleet.js"
 import { useNoOrphans } from "./support/NoOrphans.js"
+import * as Poll from "./support/Poll.js"
 
 useNoOrphans()
 
@@ -35,15 +36,7 @@ const pgDatabase = async (): Promise<string> => {
   return url.toString()
 }
 
-const until = async <A>(what: string, f: () => A | undefined | null | false, ms = 30_000): Promise<A> => {
-  const end = Date.now() + ms
-  for (;;) {
-    const v = f()
-    if (v) return v
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`)
-    await new Promise((r) => setTimeout(r, 50))
-  }
-}
+const until = <A>(what: string, f: () => A | undefined | null | false, ms = 30_000): Promise<A> => Poll.until(what, f, ms, 50)
 
 /** Runs a device on `state` against `fleet` until `count` results of that fleet were delivered; then stops it. */
 const runDevice = async (fleet: Fleet.Fleet, state: string, count: number) => {

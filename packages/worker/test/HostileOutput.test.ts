@@ -6,6 +6,7 @@ import { afterAll, describe, expect, it } from "vitest"
 import { Scanner, Supervisor } from "../src/index.js"
 import * as Fleet from "./support/Fleet.js"
 import { useNoOrphans } from "./support/NoOrphans.js"
+import * as Poll from "./support/Poll.js"
 
 /**
  * A scanner whose output breaks the result contract (fixtures/hostile-findings.mjs): the device
@@ -17,15 +18,7 @@ useNoOrphans()
 const dir = mkdtempSync(join(tmpdir(), "scanfleet-hostile-"))
 afterAll(() => rmSync(dir, { recursive: true, force: true }))
 
-const until = async <A>(what: string, f: () => A | undefined | Promise<A | undefined>, ms = 30_000): Promise<A> => {
-  const end = Date.now() + ms
-  for (;;) {
-    const v = await f()
-    if (v) return v
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`)
-    await new Promise((r) => setTimeout(r, 50))
-  }
-}
+const until = <A>(what: string, f: () => A | undefined | Promise<A | undefined>, ms = 30_000): Promise<A> => Poll.until(what, f, ms, 50)
 
 describe("a scanner whose findings the server would refuse", () => {
   it("the result is accepted with the conforming findings and a log saying what was left out; the reservation ends and the slot is free", async () => {

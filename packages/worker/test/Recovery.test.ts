@@ -9,6 +9,7 @@ import { bundle, spawnCli } from "./support/Controller.js"
 import { plan } from "./support/Contained.js"
 import * as Fleet from "./support/Fleet.js"
 import { useNoOrphans } from "./support/NoOrphans.js"
+import * as Poll from "./support/Poll.js"
 
 useNoOrphans()
 
@@ -29,16 +30,7 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c()
 })
 
-/** Polls `f`; the bound is for start-up on a loaded machine, not a claim about speed. */
-const until = async <A>(what: string, f: () => Promise<A | undefined | null | false>, ms = 60_000): Promise<A> => {
-  const end = Date.now() + ms
-  for (;;) {
-    const v = await f()
-    if (v) return v
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`)
-    await new Promise((r) => setTimeout(r, 50))
-  }
-}
+const until = <A>(what: string, f: () => Promise<A | undefined | null | false>, ms = 60_000): Promise<A> => Poll.until(what, f, ms, 50)
 
 /** Reads the state file the way `status` does, while a controller may be writing it. */
 const peek = async <A>(file: string, f: (s: LocalState.LocalState) => Promise<A>): Promise<A> => {
