@@ -8,7 +8,7 @@ import {
   Discovery,
   MemoryStore,
   Percentile,
-  type PhaseModel,
+  PhaseModel,
   type Source,
   Store,
   type Target
@@ -568,6 +568,25 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
           yield* s.appendProgress(auth(a, T0 + MIN), [ev(2, "failed", T0)])
           expect(yield* failure(s.appendProgress(auth(a, T0 + MIN), [ev(3, "failed", T0)]))).toMatchObject({ reason: "terminal" })
           expect((yield* s.timeline(a.reservationId)).map((e) => e.phase)).toEqual(["assigned", "failed"])
+        }))
+
+      test("bounds a timeline: recoveries up to PhaseModel.lastRecoverySeq, then room for every remaining phase within PhaseModel.maxSeq", (s) =>
+        Effect.gen(function* () {
+          const a = yield* active(s)
+          const last = PhaseModel.lastRecoverySeq
+          const recoveries = Array.from({ length: last - 1 }, (_, i) => ev(i + 2, "assigned", T0 + i, "recovered"))
+          yield* s.appendProgress(auth(a, T0 + MIN), [ev(1, "assigned", T0), ...recoveries])
+          expect(yield* failure(s.appendProgress(auth(a, T0 + MIN), [ev(last + 1, "assigned", T0, "recovered")]))).toMatchObject({
+            _tag: "ProgressRejected",
+            reason: "illegal_transition",
+            seq: last + 1
+          })
+          const rest = [...PhaseModel.scanStage, ...PhaseModel.uploadStage, "failed" as const].map((p, i) => ev(last + 1 + i, p, T0 + MIN))
+          yield* s.appendProgress(auth(a, T0 + MIN), rest)
+          const tl = yield* s.timeline(a.reservationId)
+          expect(tl).toHaveLength(last + rest.length)
+          expect(tl.at(-1)).toMatchObject({ phase: "failed" })
+          expect(tl.at(-1)!.seq).toBeLessThanOrEqual(PhaseModel.maxSeq)
         }))
 
       test("refuses writes that are not the device's live reservation", (s) =>

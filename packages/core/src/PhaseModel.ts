@@ -42,10 +42,23 @@ export const canTransition = (from: Phase | null, to: Phase): boolean => {
   return rank.get(to)! > rank.get(from)!
 }
 
+/**
+ * The highest sequence a timeline reaches, so a reservation's timeline is bounded: every
+ * phase at most once, the rest `recovered` events.
+ */
+export const maxSeq = 1_000
+
+/**
+ * The last sequence a `recovered` event may take. After it there is room for the longest
+ * rest a timeline can have (every phase after `assigned`, then one terminal), so a device
+ * that records no recovery past it can always finish.
+ */
+export const lastRecoverySeq = maxSeq - (phases.length - 1 - terminal.length) - 1
+
 /** One timeline event. `recovered` records a restart and does not change the phase. */
 export const EventSchema = z
   .object({
-    seq: z.number().int().min(1).max(1_000_000),
+    seq: z.number().int().min(1).max(maxSeq),
     kind: z.enum(["phase", "recovered"]),
     phase: PhaseSchema,
     /** Device clock, epoch milliseconds. */
@@ -84,6 +97,12 @@ export const refuseNext = (phase: Phase | null, lastSeq: number, e: Event): Refu
   if (e.seq !== lastSeq + 1) return { reason: "sequence_gap", seq: e.seq, message: `event sequence ${e.seq} is not the next one (expected ${lastSeq + 1})` }
   if (phase !== null && isTerminal(phase)) return { reason: "terminal", seq: e.seq, message: `the timeline already ended in ${phase}` }
   if (e.kind === "recovered") {
+    if (e.seq > lastRecoverySeq)
+      return {
+        reason: "illegal_transition",
+        seq: e.seq,
+        message: `a timeline records recoveries up to sequence ${lastRecoverySeq}, leaving room for its remaining phases`
+      }
     if (phase === null || e.phase !== phase)
       return { reason: "illegal_transition", seq: e.seq, message: `a recovered event must name the current phase (${phase ?? "none"}), not ${e.phase}` }
   } else if (!canTransition(phase, e.phase)) {

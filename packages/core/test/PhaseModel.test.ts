@@ -129,6 +129,23 @@ describe("PhaseModel", () => {
     }
   )
 
+  it("a timeline stays within maxSeq: a recovery past lastRecoverySeq is refused, and from every phase the longest rest still fits", () => {
+    for (const phase of PhaseModel.phases.filter((p) => !PhaseModel.isTerminal(p))) {
+      const before: PhaseModel.Timeline = { events: [], phase, lastSeq: PhaseModel.lastRecoverySeq - 1 }
+      const recovered = Either.getOrThrow(PhaseModel.append(before, { seq: PhaseModel.lastRecoverySeq, kind: "recovered", phase, at: T0 }))
+      const refused = PhaseModel.append(recovered, { seq: recovered.lastSeq + 1, kind: "recovered", phase, at: T0 })
+      expect(Either.isLeft(refused) && refused.left.reason).toBe("illegal_transition")
+      // The longest legal rest: every later non-terminal phase in order, then a terminal.
+      let t = recovered
+      for (const next of PhaseModel.phases.filter((p) => !PhaseModel.isTerminal(p) && idx(p) > idx(phase)))
+        t = Either.getOrThrow(PhaseModel.append(t, { seq: t.lastSeq + 1, kind: "phase", phase: next, at: T0 }))
+      t = Either.getOrThrow(PhaseModel.append(t, { seq: t.lastSeq + 1, kind: "phase", phase: "failed", at: T0 }))
+      expect(t.lastSeq).toBeLessThanOrEqual(PhaseModel.maxSeq)
+    }
+    expect(PhaseModel.EventSchema.safeParse({ seq: PhaseModel.maxSeq, kind: "phase", phase: "failed", at: T0 }).success).toBe(true)
+    expect(PhaseModel.EventSchema.safeParse({ seq: PhaseModel.maxSeq + 1, kind: "phase", phase: "failed", at: T0 }).success).toBe(false)
+  })
+
   it.prop("nothing is accepted after a terminal phase", [legalTimeline, fc.constantFrom(...PhaseModel.phases), fc.boolean()], ([events, phase, recovered]) => {
     const t = Either.getOrThrow(PhaseModel.reduce(events))
     if (t.phase === null || !PhaseModel.isTerminal(t.phase)) return

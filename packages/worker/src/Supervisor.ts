@@ -572,9 +572,12 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
         }
         // A crash between persisting the claim and its first event: the timeline starts now.
         if (a.phase === null) yield* append(k, "assigned", `${a.view.target.source}:${a.view.target.identity}`.slice(0, 1000))
-        const phaseNow = (yield* mustGet(k)).phase!
+        const opened = yield* mustGet(k)
+        const phaseNow = opened.phase!
         const terminal = PhaseModel.isTerminal(phaseNow)
-        if (!terminal)
+        // Past PhaseModel.lastRecoverySeq the server refuses a recovery (the timeline keeps its
+        // room for the remaining phases), so the restart is only in the device's log.
+        if (!terminal && opened.lastSeq < PhaseModel.lastRecoverySeq)
           yield* append(
             k,
             phaseNow,

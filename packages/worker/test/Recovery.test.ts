@@ -1,3 +1,4 @@
+import { PhaseModel } from "@scanfleet/core"
 import { LocalState, ProcessTree } from "@scanfleet/worker"
 import { execa } from "execa"
 import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs"
@@ -99,6 +100,36 @@ describe("crash recovery and shutdown of the worker process", () => {
     // The server saw the same timeline, recovery included.
     const remote = await fleet.timeline(id)
     expect(remote.map((e) => [e.seq, e.kind, e.phase])).toEqual(journal.map((e) => [e.seq, e.kind, e.phase]))
+  })
+
+  it("a restart whose timeline has no room left for a recovery records none, and the reservation still ends with its result", async () => {
+    const fleet = await Fleet.start({ scanSeconds: 30 })
+    cleanups.push(() => fleet.close())
+    await fleet.seed(["acme/slow-full"])
+    const state = join(dir, `full-${++n}.db`)
+    const { p: first } = controller(fleet, state)
+    const a = await until("the scanner to run", () => peek(state, async (s) => (await s.assignments({ open: true })).find((x) => x.phase === "scanning" && x.runner)))
+    first.kill("SIGKILL")
+    await first
+    // Earlier restarts, as many as the timeline takes: the journal reaches PhaseModel.lastRecoverySeq.
+    await peek(state, async (s) => {
+      for (let seq = a.lastSeq + 1; seq <= PhaseModel.lastRecoverySeq; seq++)
+        await s.append(a.reservationId, { kind: "recovered", phase: "scanning", at: Date.now(), detail: `restart ${seq}` })
+    })
+
+    const { p: second } = controller(fleet, state)
+    const done = await until("the result at the server", async () => {
+      const x = await fleet.assignment(a.reservationId)
+      return x.outcome !== null ? x : null
+    })
+    expect(done).toMatchObject({ outcome: "scan_error", finalPhase: "scanning" })
+    second.kill("SIGTERM")
+    expect((await second).exitCode).toBe(0)
+    const journal = await peek(state, (s) => s.journal(a.reservationId))
+    expect(journal.map((e) => e.seq)).toEqual(journal.map((_, i) => i + 1))
+    expect(journal.filter((e) => e.kind === "recovered")).toHaveLength(PhaseModel.lastRecoverySeq - a.lastSeq)
+    expect(journal.at(-1)).toMatchObject({ seq: PhaseModel.lastRecoverySeq + 1, phase: "failed" })
+    expect((await fleet.timeline(a.reservationId)).map((e) => e.seq)).toEqual(journal.map((e) => e.seq))
   })
 
   it("a restart after the target-scan deadline passed uploads a timeout result naming the phase", async () => {
