@@ -1,22 +1,37 @@
 /**
- * Workload 5: progress ingest. Concurrent streams (one per reservation) send
- * batches of 100 or 1,000 events, with 0 % or 50 % of each batch being a resend
- * of events already accepted. Afterwards every reservation's timeline must hold
+ * Workload 5: progress ingest. Concurrent streams send batches of 100 or 1,000
+ * events, with 0 % or 50 % of each batch being a resend of events already
+ * accepted; each stream moves to a fresh reservation when a timeline is full
+ * (PhaseModel.maxSeq events). Afterwards every reservation's timeline must hold
  * exactly one event per sequence number.
  */
+import { PhaseModel } from "@scanfleet/core"
 import { Effect } from "effect"
 import pg from "pg"
 import { loops, since, size, type Ctx } from "../Context.js"
 import { measure, meter, type Contender, type Sample, type WorkloadResult } from "../Report.js"
 import * as Scanfleet from "../Scanfleet.js"
 
-const stagePhases = ["assigned", "permit_wait", "preparing", "acquiring", "scanning", "filtering", "cleanup", "staging"] as const
+/** The phases after `assigned` that end a timeline, in order: every one the model allows, then `completed`. */
+const tail = [...PhaseModel.scanStage, ...PhaseModel.uploadStage, "completed"] as const
 
-/** The event with sequence `seq`: the scan stage's phases in order, then `recovered` events (legal: they repeat the current phase). */
+/** How many events one reservation's timeline holds: a stream moves to its next reservation when one is full. */
+export const perReservation = PhaseModel.maxSeq
+
+/**
+ * The event with sequence `seq` of a timeline: `assigned`, then `recovered`
+ * events (legal: they repeat the current phase) up to the last sequence a
+ * recovery may take, then every remaining phase, so that a full timeline has
+ * PhaseModel.maxSeq events.
+ */
 export const event = (seq: number, at0: number) =>
-  seq <= stagePhases.length
-    ? { seq, kind: "phase" as const, phase: stagePhases[seq - 1], at: at0 + seq, detail: "bench" }
-    : { seq, kind: "recovered" as const, phase: "staging" as const, at: at0 + seq, detail: "bench" }
+  seq === 1
+    ? { seq, kind: "phase" as const, phase: "assigned" as PhaseModel.Phase, at: at0 + seq, detail: "bench" }
+    : seq <= PhaseModel.lastRecoverySeq
+      ? { seq, kind: "recovered" as const, phase: "assigned" as PhaseModel.Phase, at: at0 + seq, detail: "bench" }
+      : { seq, kind: "phase" as const, phase: tail[seq - PhaseModel.lastRecoverySeq - 1] as PhaseModel.Phase, at: at0 + seq, detail: "bench" }
+
+if (PhaseModel.lastRecoverySeq + tail.length !== perReservation) throw new Error("the bench's timeline shape no longer fills a timeline")
 
 type Ev = ReturnType<typeof event>
 
@@ -32,43 +47,57 @@ interface Shape {
 }
 
 /**
- * The batches one stream sends: with 50 % duplicates, each batch after the
- * first starts with the second half of the previous batch again.
+ * The batches one stream sends, each to one of the stream's reservations
+ * (`r`, from 0): with 50 % duplicates, each batch after a reservation's first
+ * starts with the second half of the previous batch again. A stream moves to
+ * its next reservation when a timeline is full.
  */
-const plan = (perStream: number, c: Combo): Array<Array<number>> => {
-  const out: Array<Array<number>> = []
+export const plan = (perStream: number, c: Combo): Array<{ readonly r: number; readonly seqs: Array<number> }> => {
+  const out: Array<{ r: number; seqs: Array<number> }> = []
   const fresh = c.dupPercent === 50 ? c.batch / 2 : c.batch
+  let r = 0
   let next = 1
   let sent = 0
   while (sent < perStream) {
+    if (next > perReservation) {
+      r++
+      next = 1
+    }
     const dup = c.dupPercent === 50 && next > 1 ? Array.from({ length: c.batch / 2 }, (_, i) => next - c.batch / 2 + i).filter((s) => s >= 1) : []
-    const n = Math.min(fresh, Math.max(1, perStream - sent - dup.length))
+    const n = Math.min(fresh, perReservation - next + 1, Math.max(1, perStream - sent - dup.length))
     const seqs = [...dup, ...Array.from({ length: n }, (_, i) => next + i)]
     next += n
     sent += seqs.length
-    out.push(seqs)
+    out.push({ r, seqs })
   }
   return out
 }
 
+/** How many reservations each stream needs for `plan`. */
+export const reservationsPerStream = (perStream: number, c: Combo): number => Math.max(...plan(perStream, c).map((b) => b.r)) + 1
+
 interface Driver {
-  /** Opens one reservation per stream; returns an append function per stream and the timeline reader. */
-  readonly open: (streams: number) => Promise<Array<{ append: (events: ReadonlyArray<Ev>) => Promise<{ accepted: number; duplicate: number }>; seqs: () => Promise<Array<number>> }>>
+  /** Opens `n` reservations; returns an append function and the timeline reader of each. */
+  readonly open: (n: number) => Promise<Array<{ append: (events: ReadonlyArray<Ev>) => Promise<{ accepted: number; duplicate: number }>; seqs: () => Promise<Array<number>> }>>
   readonly close: () => Promise<void>
 }
 
 const scanfleetDriver = async (url: string, streams: number): Promise<Driver> => {
   const sf = await Scanfleet.openPg(url, streams + 2)
   let seeded = 0
+  const claimOne = (deviceId: number, slot: number, now: number) => sf.run((st) => st.claim({ deviceId, slot, now, config: Scanfleet.config }))
   return {
     open: async (n) => {
       const now = Date.now()
-      const device = await sf.run((st) => st.addDevice({ name: `bench-${seeded}`, slots: n, tokenHash: `hash-${seeded}`, now }))
       await sf.run((st) => st.recordObservations(Array.from({ length: n }, (_, i) => ({ source: "github" as const, identity: `p/${seeded}-${i}`, remoteAt: null })), now))
+      // Devices of at most 64 slots, each slot holding one reservation.
+      const claims: Array<Awaited<ReturnType<typeof claimOne>>> = []
+      for (let first = 0; first < n; first += 64) {
+        const slots = Math.min(64, n - first)
+        const device = await sf.run((st) => st.addDevice({ name: `bench-${seeded}-${first}`, slots, tokenHash: `hash-${seeded}-${first}`, now }))
+        for (let slot = 0; slot < slots; slot++) claims.push(await claimOne(device.id, slot, now))
+      }
       seeded++
-      const claims = await sf.run((st) =>
-        Effect.forEach(Array.from({ length: n }, (_, slot) => slot), (slot) => st.claim({ deviceId: device.id, slot, now, config: Scanfleet.config }))
-      )
       return claims.map((a) => {
         if (a === null) throw new Error("nothing to claim")
         return {
@@ -154,9 +183,10 @@ const run = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Driver>, p
     const extra: Record<string, number> = {}
     let profile: Sample["profile"]
     for (const c of combos) {
-      const streams = await d.open(s.streams)
-      await ctx.pg.analyze(db.name)
       const perStream = Math.ceil(s.events / s.streams)
+      const k = reservationsPerStream(perStream, c)
+      const reservations = await d.open(s.streams * k)
+      await ctx.pg.analyze(db.name)
       const at0 = Date.now()
       let submitted = 0
       let accepted = 0
@@ -165,8 +195,8 @@ const run = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Driver>, p
       const costs = await meter(ctx.pg)
       const t0 = performance.now()
       await loops(s.streams, async (i) => {
-        for (const seqs of plan(perStream, c)) {
-          const r = await streams[i].append(seqs.map((q) => event(q, at0)))
+        for (const { r: j, seqs } of plan(perStream, c)) {
+          const r = await reservations[i * k + j].append(seqs.map((q) => event(q, at0)))
           submitted += seqs.length
           accepted += r.accepted
           calls++
@@ -182,7 +212,7 @@ const run = async (ctx: Ctx, s: Shape, open: (url: string) => Promise<Driver>, p
       if (c === combos[0]) profile = await ctx.pg.profile(db.name, calls)
       // exactly one row per (reservation, sequence), none missing
       let unique = 0
-      for (const st of streams) {
+      for (const st of reservations) {
         const seqs = await st.seqs()
         for (let k = 0; k < seqs.length; k++) if (seqs[k] !== k + 1) throw new Error(`verification: timeline has seq ${seqs[k]} at position ${k + 1}`)
         unique += seqs.length
@@ -214,7 +244,7 @@ export const ingest = async (ctx: Ctx): Promise<Array<WorkloadResult>> => {
   const systems = await measure(contenders, ctx.runs, ctx.log)
   return combos.map((c) => ({
     id: `5.${c.batch}.${c.dupPercent}`,
-    title: `Progress ingest: ${s.streams} concurrent reservations, batches of ${c.batch}, ${c.dupPercent}% duplicates, ${s.events.toLocaleString("en-US")} events submitted per run`,
+    title: `Progress ingest: ${s.streams} concurrent streams (a fresh reservation every ${perReservation.toLocaleString("en-US")} events), batches of ${c.batch}, ${c.dupPercent}% duplicates, ${s.events.toLocaleString("en-US")} events submitted per run`,
     goal: ">= 30k events/s, exactly one row per (reservation, sequence)",
     unit: "events/s",
     higherIsBetter: true,
