@@ -24,8 +24,33 @@ export const Fingerprint = z.string().regex(/^hmac-sha256:[0-9a-f]{64}$/, "must 
 /** Longest preview a device may send. */
 export const maxPreview = 24
 
+/** How many characters (code points) of a secret its preview shows, and the shortest secret that shows any. */
+const previewHead = 4
+const previewShowsFrom = 12
+
+const previewShape = /^(?:([\s\S]{4})?…\((0|[1-9]\d{0,8})\))?$/u
+// A head a preview shows: no control character, no unpaired surrogate (it would not cross the edge).
+const showable = /^[^\p{Cc}\p{Cs}]{4}$/u
+
+/**
+ * True when `text` is a preview as `preview` writes it (or empty, for a finding with no
+ * secret value): `…(n)`, or four characters then `…(n)` for a value of 12 or more. So a
+ * preview never carries more of a secret than four characters, whatever a device sends.
+ */
+export const isPreview = (text: string): boolean => {
+  if (text.length > maxPreview) return false
+  const m = previewShape.exec(text)
+  return m !== null && (m[1] === undefined || (showable.test(m[1]) && Number(m[2]) >= previewShowsFrom))
+}
+
+/** zod schema of a preview: `isPreview`'s rule. */
+export const Preview = z
+  .string()
+  .max(maxPreview)
+  .refine(isPreview, "must be a preview as Findings.preview writes it: …(length), or four characters then …(length) for a value of 12 or more")
+
 /** What stands in for a secret value: its fingerprint and a short preview, never the value. */
-export const Redacted = z.object({ redacted: Fingerprint, preview: z.string().max(maxPreview) }).strict()
+export const Redacted = z.object({ redacted: Fingerprint, preview: Preview }).strict()
 /** A redaction marker. */
 export type Redacted = z.infer<typeof Redacted>
 
@@ -53,11 +78,16 @@ export const declaredFor = (scanner: string | undefined, own: ReadonlyArray<stri
   new Set([...alwaysSecret, ...(scanner !== undefined && Object.hasOwn(secretFields, scanner) ? secretFields[scanner as keyof typeof secretFields] : []), ...own])
 
 /**
- * A short preview of a secret: its first four characters and its length, so
- * an operator can tell an AWS key from a Slack token without learning either.
- * Values under 12 characters show nothing but their length.
+ * A short preview of a secret: its first four characters and its length (in
+ * code points), so an operator can tell an AWS key from a Slack token without
+ * learning either. Values under 12 characters, and values whose first four
+ * hold a control character or an unpaired surrogate, show only their length.
  */
-export const preview = (value: string): string => (value.length < 12 ? `…(${value.length})` : `${value.slice(0, 4)}…(${value.length})`)
+export const preview = (value: string): string => {
+  const chars = [...value]
+  const head = chars.slice(0, previewHead).join("")
+  return chars.length >= previewShowsFrom && showable.test(head) ? `${head}…(${chars.length})` : `…(${chars.length})`
+}
 
 /** The longest identifier-like strings a finding carries. */
 const label = z.string().min(1).max(500)
@@ -83,7 +113,7 @@ export const Reported = z
     /** The revision (commit) the scanner saw the finding in, when it says. */
     commit: z.string().max(200).nullable().default(null),
     fingerprint: Fingerprint,
-    preview: z.string().max(maxPreview),
+    preview: Preview,
     /** Whether the scanner verified the secret live; null when it does not say. */
     verified: z.boolean().nullable().default(null),
     /** The fields the device redacted (its scanner's declaration). */

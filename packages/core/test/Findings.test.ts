@@ -63,3 +63,33 @@ describe("Findings.unredacted", () => {
     expect(found).toEqual([{ path: ["details", "leaf", ...[...shape].reverse().map((s) => (s === "array" ? 0 : "k")), "Match"], field: "Match" }])
   })
 })
+
+describe("Findings.preview", () => {
+  it.prop(
+    "a preview shows at most four characters of a secret: every value's preview passes isPreview, and a preview carrying more is refused",
+    [fc.string({ unit: "binary", maxLength: 40 }), fc.string({ unit: "grapheme-ascii", minLength: 5, maxLength: 20 })],
+    ([value, more]) => {
+      const p = Findings.preview(value)
+      expect(Findings.isPreview(p)).toBe(true)
+      expect(Findings.Preview.safeParse(p).success).toBe(true)
+      const chars = [...value]
+      expect(p.endsWith(`…(${chars.length})`)).toBe(true)
+      expect([...p].length - `…(${chars.length})`.length).toBeLessThanOrEqual(4)
+      // Five or more characters before the length, or text in place of the length, is not a preview.
+      expect(Findings.isPreview(`${more}…(${chars.length + 12})`)).toBe(false)
+      expect(Findings.isPreview(`${p}${more}`)).toBe(false)
+    }
+  )
+
+  it("shows four characters from 12 up, only the length below, and never a control character or half a surrogate pair", () => {
+    expect(Findings.preview("AKIAIOSFODNN7EXAMPLE")).toBe("AKIA…(20)")
+    expect(Findings.preview("short-token")).toBe("…(11)")
+    expect(Findings.preview("🔑🔑🔑🔑-key-12345")).toBe("🔑🔑🔑🔑…(14)")
+    expect(Findings.preview("\u0000AKIAIOSFODNN7")).toBe("…(14)")
+    expect(Findings.preview("\ud800AKIAIOSFODNN7")).toBe("…(14)")
+    expect(Findings.preview("")).toBe("…(0)")
+    for (const bad of ["AKIAIOSFODNN7EXAMPLE", "AKIA…(11)", "AKIA…(012)", "AKI…(20)", "\u0000AKI…(20)", "…()", "…(1e3)", "AKIA…(20) ", "…(1234567890)"])
+      expect([bad, Findings.isPreview(bad)]).toEqual([bad, false])
+    for (const good of ["", "…(0)", "…(5)", "…(40)", "AKIA…(12)", "🔑🔑🔑🔑…(999999999)"]) expect([good, Findings.isPreview(good)]).toEqual([good, true])
+  })
+})
