@@ -1,4 +1,4 @@
-import { Clock, Console, Effect, type Either } from "effect"
+import { Clock, Console, Effect, Either } from "effect"
 import { Discovery, LogLine as Log, Source, type Config, type Errors, type Store, type Target } from "@scanfleet/core"
 import type { Page, SourceClient, SourceError, SourceRecord } from "./sources/SourceClient.js"
 
@@ -30,6 +30,9 @@ export interface LogLine {
   readonly error: string | null
 }
 
+/** The longest error a cycle record keeps: the failed listings' errors, joined, cut there. */
+export const maxErrorLength = 2000
+
 // Keeps the newest timestamp when a page names an identity twice, so one batch holds one row per target.
 const dedupe = (records: ReadonlyArray<SourceRecord>): Array<SourceRecord> => {
   const m = new Map<string, SourceRecord>()
@@ -46,15 +49,17 @@ const line = (message: string, level: Log.Level, fields: Record<string, unknown>
 
 /**
  * Runs one bounded discovery cycle of one source: walks its listings page by
- * page (recording each page's observations in one batch), stops on the hard
- * page and result limits (or, with updated rescans disabled, on a page of
- * only known identities), runs the budgeted promotion, writes the durable
- * cycle record and emits one JSON log line with the same counts.
+ * page, the listings taking turns (recording each page's observations in one
+ * batch), stops on the hard page and result limits (or ends a listing, with
+ * updated rescans disabled, on a page of only known identities), runs the
+ * budgeted promotion, writes the durable cycle record and emits one JSON log
+ * line with the same counts.
  *
  * A source failure (malformed page, exhausted retries, a rate limit longer
- * than allowed) ends the listing with stop reason `error`; what was already
- * recorded stays, and the promotion still runs over it. Store failures fail
- * the effect.
+ * than allowed, a next-page link back to a page already read, a client that
+ * throws) ends that listing; the others go on, and the cycle's stop reason is
+ * `error` with every failed listing's error. What was recorded stays, and the
+ * promotion still runs over it. Store failures fail the effect.
  *
  * @example
  * const cycle = yield* DiscoveryCycle.run(client, store, { limits: { maxPages: 10, maxResults: 1000 }, config }, Date.now())
@@ -77,23 +82,34 @@ export const run = (
     let stopReason: Discovery.StopReason = "end_of_listing"
     let error: string | null = null
 
-    listings: for (let listing = 0; listing < client.listings.length; listing++) {
-      let cursor: string | null = null
-      for (;;) {
+    // The listings take turns, one page each, so a long first listing cannot use the
+    // whole page budget; each keeps its own cursor and the next-page links it has followed.
+    const walks = client.listings.map(() => ({ cursor: null as string | null, done: false, followed: new Set<string>() }))
+    const errors: Array<string> = []
+    let limit: Discovery.StopReason | null = null
+    rounds: while (walks.some((w) => !w.done)) {
+      for (let listing = 0; listing < walks.length; listing++) {
+        const walk = walks[listing]
+        if (walk.done) continue
         if (pages >= limits.maxPages) {
-          stopReason = "page_limit"
-          break listings
+          limit = "page_limit"
+          break rounds
         }
         if (results + malformed >= limits.maxResults) {
-          stopReason = "result_limit"
-          break listings
+          limit = "result_limit"
+          break rounds
         }
-        const fetched: Either.Either<Page, SourceError> = yield* Effect.either(client.fetchPage(listing, cursor, now))
+        const name = client.listings[listing]
+        // A failed listing ends itself, not the cycle; so does a client that throws.
+        const fetched: Either.Either<Page, string> = yield* client.fetchPage(listing, walk.cursor, now).pipe(
+          Effect.map((page) => Either.right(page)),
+          Effect.catchAll((e: SourceError) => Effect.succeed(Either.left(`${e.reason}: ${e.message} (${e.url})`))),
+          Effect.catchAllDefect((d) => Effect.succeed(Either.left(`client_failure: the ${source} client failed: ${d instanceof Error ? d.message : String(d)}`)))
+        )
         if (fetched._tag === "Left") {
-          const e = fetched.left
-          stopReason = "error"
-          error = `${client.listings[listing]}: ${e.reason}: ${e.message} (${e.url})`
-          break listings
+          errors.push(`${name}: ${fetched.left}`)
+          walk.done = true
+          continue
         }
         const page: Page = fetched.right
         pages++
@@ -101,8 +117,7 @@ export const run = (
         const room = Math.max(0, limits.maxResults - results - malformed)
         const records = dedupe(page.records.slice(0, room))
         const bad = page.malformed.slice(0, Math.max(0, room - records.length))
-        for (const m of bad)
-          yield* line("malformed_record", "warning", { source, listing: client.listings[listing], identity: m.identity, reason: m.reason })
+        for (const m of bad) yield* line("malformed_record", "warning", { source, listing: name, identity: m.identity, reason: m.reason })
         malformed += bad.length
         results += records.length
         let known = 0
@@ -111,6 +126,10 @@ export const run = (
           const recorded = yield* store.recordObservations(batch, now)
           for (const id of recorded.inserted) inserted.add(id)
           known = recorded.known
+        }
+        if (page.records.length + page.malformed.length > room) {
+          limit = "result_limit"
+          break rounds
         }
         const step = Discovery.nextStep(
           {
@@ -123,15 +142,30 @@ export const run = (
           limits
         )
         if (step._tag === "continue") {
-          cursor = page.next
+          if (walk.followed.has(page.next!)) {
+            errors.push(`${name}: malformed_page: the next-page link leads back to a page this cycle already read (${page.next})`)
+            walk.done = true
+            continue
+          }
+          walk.followed.add(page.next!)
+          walk.cursor = page.next
           continue
         }
-        stopReason = step.reason
-        // The end of one listing (or a known page in it) moves on to the next listing; the hard limits end the cycle.
-        if (step.reason === "end_of_listing" || step.reason === "known_page") continue listings
-        break listings
+        // The end of one listing (or a known page in it) ends that listing; the hard limits end the cycle.
+        if (step.reason === "end_of_listing" || step.reason === "known_page") {
+          stopReason = step.reason
+          walk.done = true
+          continue
+        }
+        limit = step.reason
+        break rounds
       }
     }
+    if (errors.length > 0) {
+      stopReason = "error"
+      const all = errors.join("; ")
+      error = all.length > maxErrorLength ? `${all.slice(0, maxErrorLength - 1)}…` : all
+    } else if (limit !== null) stopReason = limit
 
     const promoteEnabled = policy.updatedRescans && Source.hasRemoteTimestamp(source)
     const promoted = promoteEnabled

@@ -1,5 +1,5 @@
 import { HttpClient, HttpClientRequest } from "@effect/platform"
-import { Duration, Effect, Ref } from "effect"
+import { Clock, Duration, Effect, Ref } from "effect"
 import { z } from "zod"
 import * as Records from "./Records.js"
 import { SourceError, type MalformedRecord, type SourceClient, type SourceRecord } from "./SourceClient.js"
@@ -19,15 +19,20 @@ export interface Settings extends Partial<SourceHttp.HttpSettings> {
   readonly maxTagPages?: number
 }
 
+/** A repository name as Docker allows it: lowercase letters and digits, separated by `.`, `_` or `-`. */
+const repositoryName = /^[a-z0-9]+(?:[._-]+[a-z0-9]+)*$/
+/** A tag as Docker allows it: a word character, then up to 127 of those, `.` and `-`. */
+const tagName = /^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$/
+
 /** A repository in `GET /v2/namespaces/{ns}/repositories`. */
-export const RepositorySchema = z.object({ name: z.string().min(1) })
+export const RepositorySchema = z.object({ name: z.string().max(255).regex(repositoryName, "must be a Docker repository name (lowercase letters and digits, separated by . _ or -)") })
 
 /** An image of a tag (one per platform). */
 export const ImageSchema = z.object({ digest: z.string().nullish() })
 
 /** A tag in `GET /v2/namespaces/{ns}/repositories/{repo}/tags`. */
 export const TagSchema = z.object({
-  name: z.string().min(1),
+  name: z.string().regex(tagName, "must be a Docker tag (letters, digits, _ . and -, at most 128)"),
   digest: z.string().nullish(),
   images: z.array(ImageSchema).nullish()
 })
@@ -58,28 +63,51 @@ export const identity = (namespace: string, repository: string, tag: string, dig
  */
 export const make = (settings: Settings): Effect.Effect<SourceClient, never, HttpClient.HttpClient> =>
   Effect.gen(function* () {
-    const s: SourceHttp.HttpSettings = { ...SourceHttp.defaults, baseUrl: "https://hub.docker.com", pageSize: 100, ...settings }
+    const s: SourceHttp.HttpSettings = SourceHttp.settingsOf({ ...SourceHttp.defaults, baseUrl: "https://hub.docker.com", pageSize: 100 }, settings)
     const tagPageSize = settings.tagPageSize ?? 100
     const maxTagPages = settings.maxTagPages ?? 1
     const client = yield* HttpClient.HttpClient
     const bearer = yield* Ref.make<string | null>(settings.username ? null : (settings.token ?? null))
 
-    const login = Effect.gen(function* () {
-      const url = SourceHttp.url(s.baseUrl, "/v2/auth/token", {})
-      const fail = (message: string, status?: number) =>
-        new SourceError({ reason: "auth", source: "dockerhub", url, message, ...(status === undefined ? {} : { status }) })
-      const res = yield* client
-        .execute(HttpClientRequest.post(url).pipe(HttpClientRequest.bodyUnsafeJson({ identifier: settings.username, secret: settings.token })))
-        .pipe(
-          Effect.flatMap((r) => Effect.map(r.json, (body) => ({ status: r.status, body }))),
-          Effect.timeoutFail({ duration: Duration.millis(s.timeoutMs), onTimeout: () => fail(`no token within ${s.timeoutMs} ms`) }),
-          Effect.catchTag("RequestError", "ResponseError", (e) => Effect.fail(fail(`token exchange failed: ${e.message}`)))
-        )
-      const token = TokenSchema.safeParse(res.body)
-      if (res.status !== 200 || !token.success) return yield* Effect.fail(fail(`token exchange answered HTTP ${res.status}`, res.status))
-      yield* Ref.set(bearer, token.data.access_token)
-      return token.data.access_token
-    })
+    const tokenUrl = SourceHttp.url(s.baseUrl, "/v2/auth/token", {})
+    const authFailure = (message: string, status?: number, reason: SourceError["reason"] = "auth") =>
+      new SourceError({ reason, source: "dockerhub", url: tokenUrl, message, ...(status === undefined ? {} : { status }) })
+    const exchangeOnce = client.execute(HttpClientRequest.post(tokenUrl).pipe(HttpClientRequest.bodyUnsafeJson({ identifier: settings.username, secret: settings.token }))).pipe(
+      Effect.flatMap((r) => Effect.map(r.text, (text) => ({ status: r.status, headers: r.headers as Readonly<Record<string, string>>, text }))),
+      Effect.timeoutFail({ duration: Duration.millis(s.timeoutMs), onTimeout: () => authFailure(`no token within ${s.timeoutMs} ms`, undefined, "timeout") }),
+      Effect.catchTag("RequestError", "ResponseError", (e) => Effect.fail(authFailure(`token exchange failed: ${e.message}`, undefined, "network")))
+    )
+    // The token exchange retries as every request does: transient failures with backoff, rate limits waited out within bounds.
+    const exchange = (retries: number, waits: number): Effect.Effect<string, SourceError> =>
+      Effect.gen(function* () {
+        const r = yield* Effect.either(exchangeOnce)
+        const backoff = Effect.sleep(Duration.millis(Math.min(s.backoffMs * 2 ** retries, 30_000)))
+        if (r._tag === "Left") {
+          if (retries >= s.retries) return yield* Effect.fail(r.left)
+          return yield* Effect.zipRight(backoff, exchange(retries + 1, waits))
+        }
+        const { status, headers, text } = r.right
+        if (status === 200) {
+          let body: unknown = null
+          try {
+            body = JSON.parse(text)
+          } catch {
+            // refused below
+          }
+          const token = TokenSchema.safeParse(body)
+          if (!token.success) return yield* Effect.fail(authFailure("the token exchange answered 200 without an access_token", status))
+          return token.data.access_token
+        }
+        const wait = SourceHttp.rateLimitWaitMs(status, headers, text, yield* Clock.currentTimeMillis)
+        if (wait !== undefined) {
+          if (waits >= s.maxRateLimitWaits || wait > s.maxRateLimitWaitMs)
+            return yield* Effect.fail(authFailure(`the token exchange is rate limited (HTTP ${status}, wait ${Math.ceil(wait / 1000)} s)`, status, "rate_limited"))
+          return yield* Effect.zipRight(Effect.sleep(Duration.millis(wait)), exchange(retries, waits + 1))
+        }
+        if (status >= 500 && retries < s.retries) return yield* Effect.zipRight(backoff, exchange(retries + 1, waits))
+        return yield* Effect.fail(authFailure(`token exchange answered HTTP ${status}`, status))
+      })
+    const login = Effect.tap(exchange(0, 0), (token) => Ref.set(bearer, token))
 
     const auth = () =>
       Effect.gen(function* () {
@@ -88,9 +116,16 @@ export const make = (settings: Settings): Effect.Effect<SourceClient, never, Htt
         return token ? { authorization: `Bearer ${token}` } : ({} as Record<string, string>)
       })
     const raw = yield* SourceHttp.makeFetch("dockerhub", s, auth)
-    // A refused bearer (the short-lived token expired) is dropped so the next request logs in again.
+    // A refused bearer (the short-lived token expired) is dropped and the request sent once more with a new one.
+    const dropBearer = (e: SourceError) => (e.reason === "auth" && settings.username ? Ref.set(bearer, null) : Effect.void)
     const fetch = (url: string) =>
-      raw(url).pipe(Effect.tapError((e) => (e.reason === "auth" && settings.username ? Ref.set(bearer, null) : Effect.void)))
+      raw(url).pipe(
+        Effect.catchIf(
+          (e) => e.reason === "auth" && settings.username !== undefined,
+          (e) => Effect.zipRight(dropBearer(e), raw(url))
+        ),
+        Effect.tapError(dropBearer)
+      )
 
     const page = (url: string) =>
       Effect.gen(function* () {
@@ -124,15 +159,28 @@ export const make = (settings: Settings): Effect.Effect<SourceClient, never, Htt
             let url: string | null = SourceHttp.url(s.baseUrl, `/v2/namespaces/${encodeURIComponent(ns)}/repositories/${encodeURIComponent(name)}/tags`, {
               page_size: tagPageSize
             })
-            for (let n = 0; url !== null && n < maxTagPages; n++) {
-              const tags: { results: ReadonlyArray<unknown>; next: string | null } = yield* page(url)
+            const visited = new Set<string>()
+            for (let n = 0; url !== null && n < maxTagPages && !visited.has(url); n++) {
+              visited.add(url)
+              // A repository whose tags cannot be read (deleted since it was listed, a broken page)
+              // is set aside as malformed; the rest of the page goes on.
+              const tags: { results: ReadonlyArray<unknown>; next: string | null } | SourceError = yield* page(url).pipe(
+                Effect.catchIf(
+                  (e) => e.reason === "malformed_page" || (e.reason === "http_status" && e.status !== undefined && e.status < 500),
+                  (e) => Effect.succeed(e)
+                )
+              )
               requests++
+              if (tags instanceof SourceError) {
+                malformed.push({ identity: `${ns}/${name}`, reason: `its tags could not be read: ${tags.message}` })
+                break
+              }
               const read = Records.read(
                 "dockerhub",
                 tags.results,
                 TagSchema,
                 (t) => {
-                  const digest = t.digest ?? t.images?.find((i) => i.digest)?.digest ?? null
+                  const digest = t.digest || t.images?.find((i) => i.digest)?.digest || null
                   if (digest === null || !digestRe.test(digest)) return { malformed: `tag ${t.name} has no valid sha256 digest` }
                   return { identity: identity(ns, name, t.name, digest), rawRemoteAt: undefined }
                 },
@@ -141,7 +189,9 @@ export const make = (settings: Settings): Effect.Effect<SourceClient, never, Htt
               )
               // No remote timestamp is read: core's rule maps every DockerHub value to none, so these targets never promote.
               records.push(...read.records)
-              malformed.push(...read.malformed.map((m) => ({ ...m, identity: `${ns}/${name}:${m.identity ?? "?"}` })))
+              // A tag's own name gets its repository; an identity that failed the identity rule is whole already.
+              const prefix = `${ns}/${name}:`
+              malformed.push(...read.malformed.map((m) => ({ ...m, identity: m.identity?.startsWith(prefix) ? m.identity : `${prefix}${m.identity ?? "?"}` })))
               url = tags.next
             }
           }

@@ -58,7 +58,7 @@ export const describe = (l: Listing): string => (l.kind === "search" ? `search:$
  */
 export const make = (settings: Settings): Effect.Effect<SourceClient, never, HttpClient.HttpClient> =>
   Effect.gen(function* () {
-    const s: SourceHttp.HttpSettings = { ...SourceHttp.defaults, baseUrl: "https://api.github.com", pageSize: 100, ...settings }
+    const s: SourceHttp.HttpSettings = SourceHttp.settingsOf({ ...SourceHttp.defaults, baseUrl: "https://api.github.com", pageSize: 100 }, settings)
     const headers: Record<string, string> = {
       accept: "application/vnd.github+json",
       "x-github-api-version": "2022-11-28",

@@ -32,7 +32,7 @@ export const PageSchema = z.array(z.unknown())
  */
 export const make = (settings: Settings = {}): Effect.Effect<SourceClient, never, HttpClient.HttpClient> =>
   Effect.gen(function* () {
-    const s: SourceHttp.HttpSettings = { ...SourceHttp.defaults, baseUrl: "https://gitlab.com", pageSize: 100, ...settings }
+    const s: SourceHttp.HttpSettings = SourceHttp.settingsOf({ ...SourceHttp.defaults, baseUrl: "https://gitlab.com", pageSize: 100 }, settings)
     const headers: Record<string, string> = settings.token ? { "private-token": settings.token } : {}
     const fetch = yield* SourceHttp.makeFetch("gitlab", s, () => Effect.succeed(headers))
     const firstUrl = SourceHttp.url(s.baseUrl, "/api/v4/projects", {

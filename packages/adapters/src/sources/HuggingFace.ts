@@ -38,7 +38,7 @@ export const PageSchema = z.array(z.unknown())
  */
 export const make = (settings: Settings = {}): Effect.Effect<SourceClient, never, HttpClient.HttpClient> =>
   Effect.gen(function* () {
-    const s: SourceHttp.HttpSettings = { ...SourceHttp.defaults, baseUrl: "https://huggingface.co", pageSize: 100, ...settings }
+    const s: SourceHttp.HttpSettings = SourceHttp.settingsOf({ ...SourceHttp.defaults, baseUrl: "https://huggingface.co", pageSize: 100 }, settings)
     const kinds = settings.kinds ?? ["models", "datasets", "spaces"]
     const headers: Record<string, string> = settings.token ? { authorization: `Bearer ${settings.token}` } : {}
     const fetch = yield* SourceHttp.makeFetch("huggingface", s, () => Effect.succeed(headers))

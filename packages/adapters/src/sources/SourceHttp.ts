@@ -1,5 +1,5 @@
 import { HttpClient, HttpClientRequest } from "@effect/platform"
-import { Clock, Duration, Effect, Ref } from "effect"
+import { Chunk, Clock, Duration, Effect, Ref, Stream } from "effect"
 import type { Source } from "@scanfleet/core"
 import { SourceError } from "./SourceClient.js"
 
@@ -19,6 +19,8 @@ export interface HttpSettings {
   readonly maxRateLimitWaitMs: number
   /** How many rate-limit waits one request may sit through. */
   readonly maxRateLimitWaits: number
+  /** The largest response body read, in bytes; a larger one is a malformed page, read no further. */
+  readonly maxResponseBytes: number
   readonly userAgent: string
 }
 
@@ -29,7 +31,33 @@ export const defaults: Omit<HttpSettings, "baseUrl" | "pageSize"> = {
   backoffMs: 500,
   maxRateLimitWaitMs: 60_000,
   maxRateLimitWaits: 3,
+  maxResponseBytes: 32 * 1024 * 1024,
   userAgent: "scanfleet-discovery"
+}
+
+/**
+ * A client's settings: the defaults, the client's own, then what the caller gave. A
+ * setting given as `undefined` keeps its default (a spread alone would erase it).
+ */
+export const settingsOf = <S extends object>(base: S, given: Partial<S>): S => {
+  const out: Record<string, unknown> = { ...(base as Record<string, unknown>) }
+  for (const [k, v] of Object.entries(given)) if (v !== undefined) out[k] = v
+  return out as S
+}
+
+/** How far ahead a rate-limit reset may lie: a later one is not believed (a reset in milliseconds, a garbled header). */
+export const maxResetAheadMs = 24 * 3_600_000
+
+/**
+ * The wait until a rate-limit reset given as epoch seconds, or undefined when the header
+ * is missing, not a number, or further ahead than `maxResetAheadMs`.
+ */
+export const resetWaitMs = (header: string | undefined, now: number): number | undefined => {
+  if (header === undefined || header.trim() === "") return undefined
+  const reset = Number(header)
+  if (!Number.isFinite(reset)) return undefined
+  const ms = reset * 1000 - now
+  return ms > maxResetAheadMs ? undefined : Math.max(0, ms)
 }
 
 /** A decoded JSON response. */
@@ -72,8 +100,8 @@ export const rateLimitWaitMs = (status: number, headers: Readonly<Record<string,
   if (after !== undefined) return after
   // GitHub and DockerHub: X-RateLimit-*; GitLab: RateLimit-* (reset as epoch seconds).
   for (const prefix of ["x-ratelimit-", "ratelimit-"]) {
-    const reset = Number(headers[`${prefix}reset`])
-    if (headers[`${prefix}remaining`] === "0" && Number.isFinite(reset)) return Math.max(0, reset * 1000 - now)
+    const wait = headers[`${prefix}remaining`] === "0" ? resetWaitMs(headers[`${prefix}reset`], now) : undefined
+    if (wait !== undefined) return wait
   }
   // HuggingFace: the IETF draft header `RateLimit: "api";r=0;t=55` (t: seconds until the window resets).
   const t = /(?:^|;)\s*t=(\d+)/.exec(headers["ratelimit"] ?? "")
@@ -107,6 +135,8 @@ export const makeFetch = (
     const blockedUntil = yield* Ref.make(0)
     const fail = (reason: SourceError["reason"], url: string, message: string, status?: number) =>
       new SourceError({ reason, source, url, message, ...(status === undefined ? {} : { status }) })
+    const tooLarge = (url: string, status: number, what: string) =>
+      fail("malformed_page", url, `the response is larger than the ${settings.maxResponseBytes} bytes read (maxResponseBytes): it ${what}`, status)
 
     const waitBounded = (ms: number, url: string, status?: number) =>
       ms > settings.maxRateLimitWaitMs
@@ -126,7 +156,18 @@ export const makeFetch = (
         )
         const exchange = Effect.gen(function* () {
           const res = yield* client.execute(request)
-          const text = yield* res.text
+          const declared = Number(res.headers["content-length"])
+          if (Number.isFinite(declared) && declared > settings.maxResponseBytes) return yield* Effect.fail(tooLarge(url, res.status, `declares ${declared} bytes`))
+          // Read chunk by chunk, and no further than the limit.
+          let size = 0
+          const chunks = yield* res.stream.pipe(
+            Stream.mapEffect((c) => {
+              size += c.byteLength
+              return size > settings.maxResponseBytes ? Effect.fail(tooLarge(url, res.status, `was still sending after ${settings.maxResponseBytes} bytes`)) : Effect.succeed(c)
+            }),
+            Stream.runCollect
+          )
+          const text = Buffer.concat(Chunk.toArray(chunks)).toString("utf8")
           return { status: res.status, headers: res.headers as Readonly<Record<string, string>>, text }
         }).pipe(
           Effect.timeoutFail({ duration: Duration.millis(settings.timeoutMs), onTimeout: () => fail("timeout", url, `no complete response within ${settings.timeoutMs} ms`) }),
@@ -135,12 +176,14 @@ export const makeFetch = (
         const r = yield* exchange
         if (r._tag === "Left") {
           const e = r.left
+          // A body over the limit would be as large again on a retry.
+          if (e._tag === "SourceError" && e.reason === "malformed_page") return yield* Effect.fail(e)
           return { _tag: "transient", error: e._tag === "SourceError" ? e : fail("network", url, `network error: ${e.message}`) } as const
         }
         const { status, headers: h, text } = r.right
         const at = yield* Clock.currentTimeMillis
-        const reset = Number(h["x-ratelimit-reset"])
-        if (h["x-ratelimit-remaining"] === "0" && Number.isFinite(reset)) yield* Ref.set(blockedUntil, reset * 1000)
+        const untilReset = h["x-ratelimit-remaining"] === "0" ? resetWaitMs(h["x-ratelimit-reset"], at) : undefined
+        if (untilReset !== undefined) yield* Ref.set(blockedUntil, at + untilReset)
         if (status >= 200 && status < 300) {
           let body: unknown
           try {
