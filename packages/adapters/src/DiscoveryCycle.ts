@@ -101,7 +101,7 @@ export const run = (
         }
         const name = client.listings[listing]
         // A failed listing ends itself, not the cycle; so does a client that throws.
-        const fetched: Either.Either<Page, string> = yield* client.fetchPage(listing, walk.cursor, now).pipe(
+        const fetched: Either.Either<Page, string> = yield* client.fetchPage(listing, walk.cursor, now, limits.maxResults - results - malformed).pipe(
           Effect.map((page) => Either.right(page)),
           Effect.catchAll((e: SourceError) => Effect.succeed(Either.left(`${e.reason}: ${e.message} (${e.url})`))),
           Effect.catchAllDefect((d) => Effect.succeed(Either.left(`client_failure: the ${source} client failed: ${d instanceof Error ? d.message : String(d)}`)))
@@ -127,7 +127,7 @@ export const run = (
           for (const id of recorded.inserted) inserted.add(id)
           known = recorded.known
         }
-        if (page.records.length + page.malformed.length > room) {
+        if (page.truncated === true || page.records.length + page.malformed.length > room) {
           limit = "result_limit"
           break rounds
         }

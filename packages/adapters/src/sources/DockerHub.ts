@@ -142,14 +142,20 @@ export const make = (settings: Settings): Effect.Effect<SourceClient, never, Htt
     return {
       source: "dockerhub",
       listings: settings.namespaces,
-      fetchPage: (listing, cursor, now) =>
+      fetchPage: (listing, cursor, now, room = Infinity) =>
         Effect.gen(function* () {
           const ns = settings.namespaces[listing]
           const repos = yield* page(cursor ?? SourceHttp.url(s.baseUrl, `/v2/namespaces/${encodeURIComponent(ns)}/repositories`, { page_size: s.pageSize }))
           const records: Array<SourceRecord> = []
           const malformed: Array<MalformedRecord> = []
           let requests = 1
+          let truncated = false
           for (const rawRepo of repos.results) {
+            // Records past the cycle's room would not be recorded: their tags are not fetched.
+            if (records.length + malformed.length >= room) {
+              truncated = true
+              break
+            }
             const repo = RepositorySchema.safeParse(rawRepo)
             if (!repo.success) {
               malformed.push({ identity: Records.guessIdentity(rawRepo, ["name", "namespace"]), reason: SourceHttp.describeIssues(repo.error.issues) })
@@ -195,7 +201,7 @@ export const make = (settings: Settings): Effect.Effect<SourceClient, never, Htt
               url = tags.next
             }
           }
-          return { records, malformed, next: repos.next, requests }
+          return { records, malformed, next: repos.next, requests, truncated }
         })
     }
   })

@@ -25,6 +25,8 @@ export interface Page {
   readonly next: string | null
   /** How many HTTP requests the page took (DockerHub pages fetch tags per repository). */
   readonly requests: number
+  /** True when the client left records of the page out because the cycle had no room for them. */
+  readonly truncated?: boolean
 }
 
 /** Why a source request failed. A failure ends the cycle and is recorded on it. */
@@ -44,6 +46,11 @@ export interface SourceClient {
   readonly source: Source.Source
   /** A human-readable name of each listing, in the order a cycle walks them. */
   readonly listings: ReadonlyArray<string>
-  /** Fetches one page of a listing; `cursor` null means its first page. `now` bounds timestamps. */
-  readonly fetchPage: (listing: number, cursor: string | null, now: number) => Effect.Effect<Page, SourceError>
+  /**
+   * Fetches one page of a listing; `cursor` null means its first page. `now` bounds
+   * timestamps. `room` is how many more records the cycle will take: a client whose page
+   * costs a request per record (DockerHub's tags) stops there, since the rest would not be
+   * recorded.
+   */
+  readonly fetchPage: (listing: number, cursor: string | null, now: number, room?: number) => Effect.Effect<Page, SourceError>
 }

@@ -69,6 +69,18 @@ describe("a discovery cycle against a misbehaving source", () => {
     })
   )
 
+  it.scopedLive("a DockerHub page fetches no more repositories' tags than the cycle has room for", () =>
+    Effect.gen(function* () {
+      const fakes = yield* FakeSources.scoped()
+      const now = Date.now()
+      for (let i = 0; i < 10; i++) fakes.dockerhub.tag(`acme/r${i}`, "latest", digest(i + 1), now - i * HOUR)
+      const c = yield* client(DockerHub.make({ ...fast, baseUrl: fakes.dockerhub.url, namespaces: ["acme"] }))
+      const { cycle: r } = yield* cycle(c, MemoryStore.make(), configWith("dockerhub", {}), now, { maxPages: 10, maxResults: 2 })
+      expect(r).toMatchObject({ results: 2, stopReason: "result_limit", error: null })
+      expect(paths(fakes.dockerhub)).toEqual(["/v2/namespaces/acme/repositories", "/v2/namespaces/acme/repositories/r0/tags", "/v2/namespaces/acme/repositories/r1/tags"])
+    })
+  )
+
   it.scopedLive("names no registry allows are malformed records, never a failed cycle; an empty tag digest falls back to the image's", () =>
     Effect.gen(function* () {
       const fakes = yield* FakeSources.scoped()
