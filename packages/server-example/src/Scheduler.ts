@@ -1,8 +1,7 @@
 import { DiscoveryCycle, type SourceClient } from "@scanfleet/adapters"
 import { Config, type Discovery, type Errors, Operations, type Source, Store } from "@scanfleet/core"
 import { Clock, Context, Data, Duration, Effect, Layer, Random, Ref, Schedule } from "effect"
-import { randomBytes } from "node:crypto"
-import { hostname } from "node:os"
+import * as Holder from "./internal/Holder.js"
 
 /** How one source is discovered: its client, its cadence and its hard bounds. */
 export interface SourceSchedule {
@@ -76,7 +75,7 @@ export const make = (
   Effect.gen(function* () {
     const store = yield* Store.Store
     const ops = yield* Operations.Operations
-    const holder = lease.holder ?? `${hostname()}:${process.pid}:${randomBytes(4).toString("hex")}`
+    const holder = lease.holder ?? Holder.make()
     const held = yield* Ref.make(new Map<Source.Source, Operations.Lease>())
     const bySource = new Map<Source.Source, { readonly schedule: SourceSchedule; readonly permit: Effect.Semaphore }>()
     for (const schedule of schedules) {

@@ -1,7 +1,7 @@
 import { type Errors, type Findings, FindingStore, Operations } from "@scanfleet/core"
 import { Clock, Context, Duration, Effect, Layer, Option, Queue, Ref, Schedule } from "effect"
-import { createHmac, randomBytes, timingSafeEqual } from "node:crypto"
-import { hostname } from "node:os"
+import { createHmac, timingSafeEqual } from "node:crypto"
+import * as Holder from "./internal/Holder.js"
 import type { ServerConfig } from "./ServerConfig.js"
 
 /**
@@ -117,7 +117,7 @@ export const layer = (settings: Settings): Layer.Layer<never> =>
       const held = yield* Ref.make<Operations.Lease | null>(null)
       if (Option.isSome(ops)) {
         const o = ops.value
-        const holder = `${hostname()}:${process.pid}:${randomBytes(4).toString("hex")}`
+        const holder = Holder.make()
         const renew = Effect.flatMap(Clock.currentTimeMillis, (now) => o.acquireLease(leaseName, holder, leaseMs, now)).pipe(
           Effect.flatMap((l) => Ref.set(held, l)),
           Effect.catchAll((e) => Effect.zipRight(Ref.set(held, null), Effect.logWarning("webhook lease not renewed", e)))
