@@ -190,6 +190,34 @@ describe("packaging", { timeout: 300_000 }, () => {
       expect(r.stdout + r.stderr).toBe("")
       expect(r.code).toBe(0)
     })
+
+    it(`@scanfleet/${p}: every value its namespaces export at run time is a value in its published types`, async () => {
+      // A schema and a type of one name ("export const X" beside "export type X") lose the value in the
+      // bundled .d.ts; such a schema needs its second name ("XSchema"), and this finds any that has none.
+      const dir = consumer(p)
+      const e = entries(p).filter((x) => !needsTestRunner(x))[0]
+      const listed = await run(
+        "node",
+        [
+          "--input-type=module",
+          "-e",
+          `const m = await import(${JSON.stringify(e)}); for (const [k, v] of Object.entries(m)) if (typeof v === "object" && v !== null) for (const s of Object.keys(v)) console.log(k + "." + s)`
+        ],
+        dir
+      )
+      const all = listed.trim().split("\n").filter((l) => l.length > 0)
+      // The schema of such a pair is checked under its second name.
+      const values = all.filter((v) => !all.includes(`${v}Schema`))
+      expect(values.length).toBeGreaterThan(10)
+      writeFileSync(join(dir, "values.mts"), `import * as m from ${JSON.stringify(e)}\nexport const values: ReadonlyArray<unknown> = [\n${values.map((v) => `  m.${v},`).join("\n")}\n]\n`)
+      writeFileSync(
+        join(dir, "tsconfig.values.json"),
+        JSON.stringify({ compilerOptions: { module: "nodenext", moduleResolution: "nodenext", target: "es2022", strict: true, noEmit: true, types: ["node"] }, include: ["values.mts"] })
+      )
+      const r = await exec(tsc, ["-p", "tsconfig.values.json"], dir)
+      expect(r.stdout + r.stderr).toBe("")
+      expect(r.code).toBe(0)
+    })
   }
 
   it("nothing test-only reaches a root export: the adapters' root loads without vitest installed", async () => {

@@ -12,7 +12,7 @@ const fleetKey = "11".repeat(32)
 
 // What gitleaks prints for one leak, redacted on the device before it goes anywhere.
 const leak = (secret: string, file: string) =>
-  Findings.Accepted.parse(
+  Findings.AcceptedSchema.parse(
     Redaction.redact(fleetKey, "gitleaks", Findings.fieldMaps.gitleaks, { RuleID: "generic-api-key", Secret: secret, Match: `api_key = "${secret}"`, File: file, StartLine: 3, Commit: "4b825dc" })
   )
 

@@ -44,7 +44,7 @@ const reported = (p: Planted): Findings.ReportedInput => ({
 })
 
 /** A result body as the server stores it. */
-const body = (ps: ReadonlyArray<Planted>) => JSON.stringify({ findings: ps.map((p) => Findings.Accepted.parse(reported(p))), log: "" })
+const body = (ps: ReadonlyArray<Planted>) => JSON.stringify({ findings: ps.map((p) => Findings.AcceptedSchema.parse(reported(p))), log: "" })
 
 /**
  * Scans one target once: makes it pending (new, or promoted after a newer

@@ -494,3 +494,14 @@ const json = (v: unknown): string =>
     : Array.isArray(v)
       ? `[${v.map(json).join(",")}]`
       : `{${Object.keys(v).sort().map((k) => `${JSON.stringify(k)}:${json((v as Record<string, unknown>)[k])}`).join(",")}}`
+
+/**
+ * The schemas that share their name with a type, under a second name: the
+ * bundled `.d.ts` keeps only the type of such a pair, so code built against
+ * the published packages refers to the schema by this one.
+ */
+export const RedactedSchema = Redacted
+/** See `RedactedSchema`. */
+export const ReportedSchema = Reported
+/** See `RedactedSchema`. */
+export const AcceptedSchema = Accepted

@@ -60,7 +60,7 @@ export const accept = (findings: ReadonlyArray<unknown>, settings: Pick<ServerCo
       )
     const out: Array<Findings.Accepted> = []
     for (const [i, f] of findings.entries()) {
-      const r = Findings.Reported.safeParse(f)
+      const r = Findings.ReportedSchema.safeParse(f)
       if (!r.success) {
         const issues = issuesOf(r.error, ["findings", i])
         return Effect.fail(refuse(`finding ${i} is not a redacted finding: ${issues.map((x) => `${x.path.join(".")}: ${x.message}`).join("; ")}`, issues))

@@ -155,7 +155,7 @@ const resultBody = (
   let refused = 0
   for (const f of findings) {
     const edge = WorkerApi.edgeIssue(f, 3)
-    const shape = edge ? undefined : Findings.Reported.safeParse(f)
+    const shape = edge ? undefined : Findings.ReportedSchema.safeParse(f)
     const why = edge ? `${edge.path.join(".") || "(the finding)"}: ${edge.message}` : shape && !shape.success ? shape.error.issues.map((i) => `${i.path.join(".")}: ${i.message}`).join("; ") : undefined
     if (why === undefined) conforming.push(f)
     else if (refused++ === 0) notes.push(`[finding ${findings.indexOf(f)} left out, the server would refuse it: ${why.slice(0, 300)}]`)

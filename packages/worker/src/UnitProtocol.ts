@@ -96,3 +96,12 @@ export const readStaged = async (file: string, limits: OutputLimits = defaultLim
     await fh.close()
   }
 }
+
+/**
+ * The schemas that share their name with a type, under a second name: the
+ * bundled `.d.ts` keeps only the type of such a pair, so code built against
+ * the published package refers to the schema by this one.
+ */
+export const ToUnitSchema = ToUnit
+/** See `ToUnitSchema`. */
+export const ToControllerSchema = ToController

@@ -24,7 +24,7 @@ describe("redaction at the device", () => {
       const r = Redaction.redact(key, name, Findings.fieldMaps[name], raw)
       expect(JSON.stringify(r).includes(secret)).toBe(false)
       expect(Findings.unredacted(r)).toEqual([])
-      expect(Findings.Reported.safeParse(r).success).toBe(true)
+      expect(Findings.ReportedSchema.safeParse(r).success).toBe(true)
     }
   })
 
@@ -33,15 +33,15 @@ describe("redaction at the device", () => {
     const f = Redaction.redact(key, "trufflehog", Findings.fieldMaps.trufflehog, { ...truffle("AKIAFAKE0000EXAMPLE1"), DetectorName: `a${emoji.repeat(300)}`, SourceMetadata: { Data: { Git: { file: `b${emoji.repeat(1200)}`, line: 1, commit: `c${emoji.repeat(150)}` } } } })
     expect([f.detector.length, f.path.length, (f.commit ?? "").length]).toEqual([499, 1999, 199])
     expect(WorkerApi.edgeIssue(f, 3)).toBeUndefined()
-    expect(Findings.Reported.safeParse(f).success).toBe(true)
+    expect(Findings.ReportedSchema.safeParse(f).success).toBe(true)
   })
 
   it("a line past Findings.maxLine (or negative, or not an integer) is reported as no line, so the server accepts the finding", () => {
     const at = (line: unknown) => Redaction.redact(key, "trufflehog", Findings.fieldMaps.trufflehog, { ...truffle("AKIAFAKE0000EXAMPLE1"), SourceMetadata: { Data: { Git: { file: "a.env", line } } } })
     expect(at(Findings.maxLine).line).toBe(Findings.maxLine)
     for (const line of [Findings.maxLine + 1, 2 ** 53, -1, 1.5, "x"]) expect(at(line).line, String(line)).toBeNull()
-    expect(Findings.Reported.safeParse({ ...at(Findings.maxLine), line: Findings.maxLine + 1 }).success).toBe(false)
-    expect(Findings.Reported.safeParse(at(Findings.maxLine)).success).toBe(true)
+    expect(Findings.ReportedSchema.safeParse({ ...at(Findings.maxLine), line: Findings.maxLine + 1 }).success).toBe(false)
+    expect(Findings.ReportedSchema.safeParse(at(Findings.maxLine)).success).toBe(true)
   })
 
   it("equal secrets fingerprint equally across calls and scanners; another key or secret gives another fingerprint; the field map finds detector, place and verified flag", () => {
