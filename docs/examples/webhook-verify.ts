@@ -17,12 +17,15 @@ const verify = (secret: string, rawBody: string, header: string | undefined, now
 const secret = "the-webhook-secret-of-this-fleet"
 const seen = new Set<string>()
 const receiver = createServer((req, res) => {
-  let body = ""
-  req.on("data", (c) => (body += c))
+  // The raw bytes, decoded once: a character split across two chunks stays whole.
+  const chunks: Array<Buffer> = []
+  req.on("data", (c: Buffer) => chunks.push(c))
   req.on("end", () => {
+    const body = Buffer.concat(chunks).toString("utf8")
     if (!verify(secret, body, req.headers["scanfleet-signature"] as string | undefined)) return res.writeHead(401).end()
-    // delivery is at least once: the outbox position identifies an event
-    const seq = String(req.headers["scanfleet-event"])
+    // Delivery is at least once: deduplicate on the event's seq, which the signature covers
+    // (the scanfleet-event header repeats it, unsigned, for routing).
+    const seq = String(JSON.parse(body).seq)
     if (!seen.has(seq)) {
       seen.add(seq)
       console.log("event", seq, JSON.parse(body).scan)

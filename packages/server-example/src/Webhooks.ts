@@ -51,7 +51,11 @@ export class Webhook extends Context.Tag("@scanfleet/server-example/Webhooks/Web
   {
     /** The events that exhausted their tries, oldest first. */
     readonly deadLetters: Effect.Effect<ReadonlyArray<FindingStore.DeadLetter>, Errors.StoreError>
-    /** Takes a dead letter off the list and delivers it again with a fresh budget; false when there is no such letter. */
+    /**
+     * Delivers a dead letter again with a fresh budget; false when there is no such letter.
+     * The letter stays listed until the event is delivered (a restart meanwhile loses nothing),
+     * and is updated with the new attempts and error if the budget runs out again.
+     */
     readonly redeliver: (seq: number) => Effect.Effect<boolean, Errors.StoreError>
   }
 >() {}
@@ -60,6 +64,24 @@ export class Webhook extends Context.Tag("@scanfleet/server-example/Webhooks/Web
 export type Settings = Pick<ServerConfig, "webhookUrl" | "webhookSecret" | "webhookMaxTries" | "webhookTimeoutMs" | "webhookBaseDelayMs" | "webhookMaxDelayMs" | "webhookPollMs">
 
 class DeliveryFailed extends Error {}
+
+/**
+ * Why a webhook URL cannot be used, or undefined when it can: it must be an absolute
+ * `http:` or `https:` URL without credentials in it (a password there would travel in
+ * every error and dead letter; put it in the receiver's URL path or a secret instead).
+ * The message never repeats the URL.
+ */
+export const urlProblem = (text: string): string | undefined => {
+  let u: URL
+  try {
+    u = new URL(text)
+  } catch {
+    return "is not an absolute URL"
+  }
+  if (u.protocol !== "http:" && u.protocol !== "https:") return `must be an http: or https: URL, not ${u.protocol}`
+  if (u.username !== "" || u.password !== "") return "must not carry a user name or password (user:password@host)"
+  return undefined
+}
 
 /**
  * The delivery loop as a scoped layer (nothing when no `webhookUrl` is set or
@@ -85,9 +107,13 @@ export const layer = (settings: Settings): Layer.Layer<never> =>
               method: "POST",
               headers: { "content-type": "application/json", [signatureHeader]: sign(secret, body, Date.now()), [eventHeader]: String(e.seq), "scanfleet-attempt": String(attempt) },
               body,
+              // A redirect is the receiver's answer, not a second address to send the event to.
+              redirect: "manual",
               signal: AbortSignal.any([signal, AbortSignal.timeout(settings.webhookTimeoutMs)])
             })
-            await res.arrayBuffer().catch(() => undefined)
+            // The status is the answer: the body is never read, however large it is.
+            await res.body?.cancel().catch(() => undefined)
+            if (res.status >= 300 && res.status <= 399) throw new DeliveryFailed(`HTTP ${res.status}: a redirect, which is not followed`)
             if (res.status < 200 || res.status > 299) throw new DeliveryFailed(`HTTP ${res.status}`)
           },
           catch: (cause) => (cause instanceof DeliveryFailed ? cause.message : cause instanceof Error && cause.name === "TimeoutError" ? `timed out after ${settings.webhookTimeoutMs} ms` : `unreachable: ${String((cause as Error)?.cause ?? cause)}`)
@@ -100,16 +126,16 @@ export const layer = (settings: Settings): Layer.Layer<never> =>
         Schedule.intersect(Schedule.recurs(settings.webhookMaxTries - 1))
       )
 
-      // One event: delivered, or dead-lettered with its last error after the tries ran out.
+      // One event: delivered (true), or dead-lettered with its last error after the tries ran out.
       const deliver = (e: Findings.OutboxEvent) =>
         Effect.gen(function* () {
           const attempts = yield* Ref.make(0)
           const r = yield* Effect.either(Effect.retry(Effect.flatMap(Ref.updateAndGet(attempts, (n) => n + 1), (n) => post(e, n)), schedule))
-          if (r._tag === "Left") {
-            const n = yield* Ref.get(attempts)
-            yield* f.deadLetter(subscriber, { seq: e.seq, attempts: n, lastError: r.left, at: Date.now() })
-            yield* Effect.logWarning("webhook event dead-lettered").pipe(Effect.annotateLogs({ seq: e.seq, attempts: n, error: r.left }))
-          }
+          if (r._tag === "Right") return true
+          const n = yield* Ref.get(attempts)
+          yield* f.deadLetter(subscriber, { seq: e.seq, attempts: n, lastError: r.left, at: Date.now() })
+          yield* Effect.logWarning("webhook event dead-lettered").pipe(Effect.annotateLogs({ seq: e.seq, attempts: n, error: r.left }))
+          return false
         })
 
       // With an operator port (a server's store), only the lease holder delivers; without one, this process alone does.
@@ -145,10 +171,27 @@ export const layer = (settings: Settings): Layer.Layer<never> =>
         Effect.forever
       )
       yield* Effect.forkScoped(loop)
-      yield* Effect.forkScoped(Effect.forever(Effect.flatMap(Queue.take(redeliveries), (e) => Effect.catchAll(deliver(e), (err) => Effect.logWarning("redelivery failed", err)))))
+      // A redelivered letter leaves the list only once its event was delivered.
+      const inFlight = new Set<number>()
+      const redeliverOne = (e: Findings.OutboxEvent) =>
+        Effect.flatMap(deliver(e), (delivered) => (delivered ? Effect.asVoid(f.takeDeadLetter(subscriber, e.seq)) : Effect.void)).pipe(
+          Effect.catchAll((err) => Effect.logWarning("redelivery failed", err)),
+          Effect.ensuring(Effect.sync(() => inFlight.delete(e.seq)))
+        )
+      yield* Effect.forkScoped(Effect.forever(Effect.flatMap(Queue.take(redeliveries), redeliverOne)))
       return Context.make(Webhook, {
         deadLetters: f.deadLetters(subscriber),
-        redeliver: (seq) => Effect.flatMap(f.takeDeadLetter(subscriber, seq), (e) => (e === null ? Effect.succeed(false) : Effect.as(Queue.offer(redeliveries, e), true)))
+        redeliver: (seq) =>
+          Effect.gen(function* () {
+            if (!Number.isSafeInteger(seq) || !(yield* f.deadLetters(subscriber)).some((l) => l.seq === seq)) return false
+            const [e] = yield* f.outbox(seq - 1, 1)
+            if (e === undefined || e.seq !== seq) return false
+            // Asked again while in flight: that delivery answers for both.
+            if (inFlight.has(seq)) return true
+            inFlight.add(seq)
+            yield* Queue.offer(redeliveries, e)
+            return true
+          })
       }) as Context.Context<never>
     })
   )

@@ -123,7 +123,8 @@ describe("findings webhooks", () => {
       const re = await call(`${url}/v1/admin/findings/webhook/dead-letters/${poisonSeq}/redeliver`, adminToken, "POST")
       expect(re.status).toBe(202)
       await until("the redelivered event", () => rx.received.some((r) => r.seq === poisonSeq))
-      expect((await call(`${url}/v1/admin/findings/webhook/dead-letters`, adminToken, "GET")).body.deadLetters).toEqual([])
+      // the letter leaves the list once its delivery succeeded
+      await until("the empty dead-letter list", async () => (await call(`${url}/v1/admin/findings/webhook/dead-letters`, adminToken, "GET")).body.deadLetters?.length === 0)
       expect((await call(`${url}/v1/admin/findings/webhook/dead-letters/${poisonSeq}/redeliver`, adminToken, "POST")).status).toBe(404)
     } finally {
       await rt.dispose()
@@ -171,6 +172,119 @@ describe("findings webhooks", () => {
       shared.cleanup()
     }
   }, 60_000)
+
+  it("the answer is the status alone: a redirect is a failure that is never followed, and a 2xx with an endless body counts at once", async () => {
+    const local = sqliteFile()
+    // Where a redirect points: it must never be asked anything.
+    const elsewhere: Array<string> = []
+    const other = createServer((req, res) => (elsewhere.push(`${req.method} ${req.url}`), res.writeHead(200).end()))
+    await new Promise<void>((r) => other.listen(0, "127.0.0.1", r))
+    let mode: "redirect" | "endless" = "redirect"
+    const got: Array<number> = []
+    const sockets = new Set<Socket>()
+    const hook = createServer((req, res) => {
+      req.resume()
+      req.on("end", () => {
+        if (mode === "redirect") return res.writeHead(307, { location: `http://127.0.0.1:${(other.address() as AddressInfo).port}/elsewhere` }).end()
+        got.push(Number(req.headers[Webhooks.eventHeader]))
+        // 200, then a body that never ends: the sender has its answer from the status
+        res.writeHead(200, { "content-type": "application/octet-stream" })
+        const chunk = Buffer.alloc(64 * 1024, 120)
+        const timer = setInterval(() => res.write(chunk), 5)
+        res.on("close", () => clearInterval(timer))
+      })
+    })
+    hook.on("connection", (c: Socket) => (sockets.add(c), c.on("close", () => sockets.delete(c))))
+    await new Promise<void>((r) => hook.listen(0, "127.0.0.1", r))
+    const config = ServerConfig.make({
+      adminToken, host: "127.0.0.1", port: 0, logLevel: "none", databaseUrl: local.url,
+      webhookUrl: `http://127.0.0.1:${(hook.address() as AddressInfo).port}/hook`, webhookSecret: secret,
+      webhookMaxTries: 2, webhookTimeoutMs: 3000, webhookBaseDelayMs: 20, webhookMaxDelayMs: 40, webhookPollMs: 20
+    })
+    const rt = ManagedRuntime.make(ServerMod.layer(config).pipe(Layer.provideMerge(Database.layer(local.url))))
+    const store = <A>(f: (s: FindingStore.FindingStoreShape) => Effect.Effect<A, unknown>) => rt.runPromise(Effect.flatMap(FindingStore.FindingStore, f))
+    try {
+      await rt.runPromise(ServerMod.Info)
+      const t0 = Date.now()
+      await rt.runPromise(scan("redirected/one", ["r1"], t0))
+      await until("the redirected event's dead letter", async () => (await store((f) => f.deadLetters(Webhooks.subscriber))).length === 1)
+      expect((await store((f) => f.deadLetters(Webhooks.subscriber)))[0]).toMatchObject({ attempts: 2, lastError: "HTTP 307: a redirect, which is not followed" })
+      expect(elsewhere).toEqual([])
+      mode = "endless"
+      await rt.runPromise(scan("endless/two", ["e1"], t0 + 1))
+      const [, second] = await store((f) => f.outbox(0, 10))
+      const started = Date.now()
+      await until("the position past the second event", async () => (await store((f) => f.cursor(Webhooks.subscriber))) >= second.seq, 20_000)
+      // counted from its status, well within the timeout, and once
+      expect(Date.now() - started).toBeLessThan(3000)
+      expect(got).toEqual([second.seq])
+      expect(await store((f) => f.deadLetters(Webhooks.subscriber))).toHaveLength(1)
+    } finally {
+      await rt.dispose()
+      sockets.forEach((c) => c.destroy())
+      await new Promise<void>((r) => hook.close(() => r()))
+      await new Promise<void>((r) => other.close(() => r()))
+      local.cleanup()
+    }
+  }, 60_000)
+
+  it("a redelivery under way when the server stops loses nothing: the letter stays listed until its event is delivered", async () => {
+    const local = sqliteFile()
+    const rx = await receiver()
+    rx.set("fail")
+    const config = ServerConfig.make({
+      adminToken, host: "127.0.0.1", port: 0, logLevel: "none", databaseUrl: local.url,
+      webhookUrl: rx.url, webhookSecret: secret, webhookMaxTries: 2, webhookTimeoutMs: 5000, webhookBaseDelayMs: 20, webhookMaxDelayMs: 40, webhookPollMs: 20
+    })
+    const start = () => ManagedRuntime.make(ServerMod.layer(config).pipe(Layer.provideMerge(Database.layer(local.url))))
+    let rt = start()
+    try {
+      let url = (await rt.runPromise(ServerMod.Info)).url
+      await rt.runPromise(scan("redeliver/one", ["x1"], Date.now()))
+      const letters = async () => (await call(`${url}/v1/admin/findings/webhook/dead-letters`, adminToken, "GET")).body.deadLetters as Array<{ seq: number }>
+      await until("the dead letter", async () => (await letters()).length === 1)
+      const [{ seq }] = await letters()
+      // The receiver now hangs: the redelivery is in flight when the server stops.
+      rx.set("ok")
+      rx.hangTimes(1)
+      expect((await call(`${url}/v1/admin/findings/webhook/dead-letters/${seq}/redeliver`, adminToken, "POST")).status).toBe(202)
+      await new Promise((r) => setTimeout(r, 300))
+      await rt.dispose()
+      rt = start()
+      url = (await rt.runPromise(ServerMod.Info)).url
+      expect((await letters()).map((l) => l.seq)).toEqual([seq])
+      expect((await call(`${url}/v1/admin/findings/webhook/dead-letters/${seq}/redeliver`, adminToken, "POST")).status).toBe(202)
+      await until("the redelivered event", () => rx.received.some((r) => r.seq === seq))
+      await until("the empty dead-letter list", async () => (await letters()).length === 0)
+    } finally {
+      await rt.dispose()
+      await rx.close()
+      local.cleanup()
+    }
+  }, 60_000)
+
+  it("a webhook URL must be http or https, without a user name or password, and the refusal never repeats it", () => {
+    expect(Webhooks.urlProblem("https://hooks.example.com/scanfleet")).toBeUndefined()
+    expect(Webhooks.urlProblem("http://127.0.0.1:9000/hook")).toBeUndefined()
+    for (const bad of ["file:///etc/passwd", "ftp://host/x", "javascript:alert(1)", "data:text/plain,hi", "hooks.example.com/x", "http://hookuser:PLANTEDPW-4242@127.0.0.1:9000/hook", "https://token@hooks.example.com/"]) {
+      const why = Webhooks.urlProblem(bad)
+      expect(why, bad).toBeDefined()
+      expect(why).not.toContain("PLANTEDPW")
+      expect(why).not.toContain("token@")
+      // The server's settings refuse it at start, naming where it was set and not the URL.
+      const refused = (() => {
+        try {
+          ServerConfig.load({ env: { SCANFLEET_ADMIN_TOKEN: adminToken, SCANFLEET_WEBHOOK_URL: bad, SCANFLEET_WEBHOOK_SECRET: secret } })
+          return null
+        } catch (e) {
+          return e as Error
+        }
+      })()
+      expect(refused, bad).toBeInstanceOf(ServerConfig.ServerConfigError)
+      expect(refused!.message).toContain("webhookUrl (SCANFLEET_WEBHOOK_URL)")
+      expect(refused!.message).not.toContain("PLANTEDPW")
+    }
+  })
 
   it("a signature verifies only with the secret, over the exact body, within the tolerance", () => {
     const now = Date.now()
