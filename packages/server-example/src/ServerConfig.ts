@@ -3,6 +3,7 @@ import { LogLine } from "@scanfleet/core"
 import { readFileSync } from "node:fs"
 import { Context } from "effect"
 import { z } from "zod"
+import { urlProblem } from "./Webhooks.js"
 
 /**
  * The server's own settings (not the managed runtime configuration, which
@@ -39,8 +40,14 @@ export const ServerConfigSchema = z
     findingsKey: z.string().min(16).optional(),
     /** Opt-in raw upload: 32 bytes as 64 hex digits; devices may then send secret values, sealed with AES-256-GCM before they are stored. Never stored in the database. */
     findingsRawKey: z.string().regex(/^[0-9a-fA-F]{64}$/, "must be 64 hex digits (32 bytes)").optional(),
-    /** Where findings webhooks are POSTed (none when absent). */
-    webhookUrl: z.string().url().optional(),
+    /** Where findings webhooks are POSTed (none when absent): an http(s) URL without credentials in it (`Webhooks.urlProblem`). */
+    webhookUrl: z
+      .string()
+      .superRefine((u, ctx) => {
+        const why = urlProblem(u)
+        if (why !== undefined) ctx.addIssue({ code: "custom", message: why })
+      })
+      .optional(),
     /** The HMAC-SHA256 key of the webhook signature; required with webhookUrl. */
     webhookSecret: z.string().min(16).optional(),
     /** Tries per event before it goes to the dead-letter list. */
