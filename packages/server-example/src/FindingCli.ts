@@ -49,19 +49,22 @@ export const main = async (words: ReadonlyArray<string>, flags: ReadonlyMap<stri
   }
   if (cmd === "export" && rest.length === 0) {
     const q = parse(FindingsApi.ExportQuery, flags, [...filterNames, "format"])
+    // Every match, with no cap (the API stops at its export limit): JSON lines are written page by
+    // page, so memory stays at one page; a SARIF log is one document and is built whole.
     const all: Array<Findings.Finding> = []
     await withFindings(config, (f) =>
       Effect.gen(function* () {
         let after = 0
         for (;;) {
           const page = yield* f.list({ ...clean(q), after, limit: 1000 })
-          all.push(...page.findings)
+          if (q.format === "sarif") all.push(...page.findings)
+          else out(Findings.toJsonLines(page.findings))
           if (page.next === null) return
           after = page.next
         }
       })
     )
-    out(q.format === "sarif" ? `${JSON.stringify(Findings.toSarif(all, { name: "scanfleet", version: "2" }))}\n` : Findings.toJsonLines(all))
+    if (q.format === "sarif") out(`${JSON.stringify(Findings.toSarif(all, { name: "scanfleet", version: "2" }))}\n`)
     return 0
   }
   throw new FindingsUsageError(`unknown findings command: findings ${words.join(" ")}`)
