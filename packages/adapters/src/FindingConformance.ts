@@ -1,6 +1,6 @@
 import { createHmac } from "node:crypto"
 import { describe, expect, it } from "@effect/vitest"
-import { Chunk, Effect, Fiber, type Layer, Stream } from "effect"
+import { Chunk, Deferred, Effect, Fiber, type Layer, Stream } from "effect"
 import * as fc from "effect/FastCheck"
 import { type Assignment, Config, Findings, FindingStore, Store } from "@scanfleet/core"
 
@@ -188,6 +188,64 @@ export const findingConformance = (name: string, make: MakeStores, capabilities:
         expect((yield* f.list({ source: "gitlab", limit: 10 })).findings).toEqual([])
         expect((yield* f.list({ status: "resolved", limit: 10 })).findings).toEqual([])
       }))
+
+    test(
+      "keyset pagination is stable while rows are added: a reader paging with after = the last id seen while 12 writers race results with findings sees every finding exactly once",
+      (s, f) =>
+        Effect.gen(function* () {
+          const writers = 12
+          const rounds = 8
+          // a large result draws its ids well before it commits; a small one that draws after it may commit first
+          const perResult = (w: number, r: number) => ((w + r) % 3 === 0 ? 40 : 2)
+          let total = 0
+          for (let w = 0; w < writers; w++) for (let r = 0; r < rounds; r++) total += perResult(w, r)
+          yield* s.recordObservations(
+            Array.from({ length: writers * rounds }, (_, i) => ({ source: "github" as const, identity: `race/t${i}`, remoteAt: null })),
+            T0
+          )
+          const devices = yield* Effect.forEach(Array.from({ length: writers }, (_, w) => w), (w) => s.addDevice({ name: `w${w}`, slots: 1, tokenHash: `h${w}`, now: T0 }))
+          // each writer claims a target and submits its findings, round after round, all writers at once
+          const write = (deviceId: number, w: number) =>
+            Effect.forEach(
+              Array.from({ length: rounds }, (_, r) => r),
+              (r) =>
+                Effect.gen(function* () {
+                  const a = yield* s.claim({ deviceId, slot: 0, now: T0 + r * MIN, config })
+                  if (a === null) return yield* Effect.dieMessage(`writer ${w} found nothing pending in round ${r}`)
+                  const ps = Array.from({ length: perResult(w, r) }, (_, i): Planted => ({ detector: "AWS", path: `w${w}/r${r}/${i}.env`, secret: `AKIARACE${w}x${r}x${i}FAKEFAKE` }))
+                  yield* s.submitResult({ deviceId, reservationId: a.reservationId, fence: a.fence, now: T0 + r * MIN + 1000, outcome: "findings", finalPhase: "awaiting_receipt", body: body(ps) })
+                }),
+              { discard: true }
+            )
+          const done = yield* Deferred.make<void>()
+          const writing = yield* Effect.forEach(devices, (d, w) => write(d.id, w), { concurrency: "unbounded", discard: true }).pipe(
+            Effect.ensuring(Deferred.succeed(done, undefined)),
+            Effect.fork
+          )
+          // the reader: pages after the last id it has seen until the writers are done and a read after that returns nothing new
+          const seen: Array<number> = []
+          let whileWriting = 0
+          for (;;) {
+            const finished = yield* Deferred.isDone(done)
+            const p = yield* f.list({ limit: 100, ...(seen.length > 0 ? { after: seen[seen.length - 1] } : {}) })
+            seen.push(...p.findings.map((x) => x.id))
+            if (!finished) whileWriting += p.findings.length
+            if (p.findings.length === 0) {
+              if (finished) break
+              yield* Effect.yieldNow()
+            }
+          }
+          yield* Fiber.join(writing)
+          const all = (yield* f.list({ limit: 10_000 })).findings.map((x) => x.id)
+          expect(all).toHaveLength(total)
+          const missed = all.filter((id) => !seen.includes(id))
+          expect(missed, `the reader never saw ${missed.length} of ${all.length} findings`).toEqual([])
+          expect(seen).toEqual(all)
+          // the reader did read while the writers wrote
+          expect(whileWriting).toBeGreaterThan(0)
+        }),
+      120_000
+    )
 
     test("the outbox holds one event per scan that changed something, in acceptance order, naming what changed", (s, f) =>
       Effect.gen(function* () {

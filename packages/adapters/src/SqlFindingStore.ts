@@ -7,9 +7,11 @@ import { mapped } from "./internal/SqlErrors.js"
 
 type Row = { readonly [column: string]: unknown }
 
-// The outbox's positions must become visible in commit order, or a reader that has
-// read past a position could miss one committed later: on Postgres the writers of
-// outbox rows take this transaction-scoped lock ("sfout" in ASCII) until they commit.
+// The outbox's positions and the findings' ids must become visible in the order they
+// are drawn, or a reader that has read past one (an outbox subscriber, a keyset page
+// `after` an id) could miss one committed later: on Postgres every transaction that
+// writes an outbox row (each one that inserts findings does) takes this
+// transaction-scoped lock ("sfout" in ASCII) before it draws either, until it commits.
 const OUTBOX_LOCK = 0x73666f7574
 
 const num = (v: unknown): number | null => (v === null || v === undefined ? null : Number(v))
@@ -96,6 +98,12 @@ export const record = (sql: SqlClient.SqlClient, input: FindingStore.ScanInput):
     const at = input.now
     const changed = new Map<number, "new" | "resolved">()
     const events: Array<readonly [number, string]> = []
+    // A scan that makes something new or resolved writes an outbox event: on Postgres it takes
+    // the outbox lock before any write, so the findings' ids drawn below (and its outbox position)
+    // become visible in the order they are drawn. The lock comes before the findings' row locks
+    // in every transaction that takes it; the target's row lock, taken earlier, keeps one writer
+    // per target.
+    if (isPg && plan.summary.new + plan.summary.resolved > 0) yield* sql`SELECT pg_advisory_xact_lock(${OUTBOX_LOCK})`
     if (plan.inserts.length > 0) {
       const docs = plan.inserts.map((r) => ({ ...r, details: JSON.stringify(r.details) }))
       const ids = yield* sql<Row>`
@@ -147,7 +155,6 @@ export const record = (sql: SqlClient.SqlClient, input: FindingStore.ScanInput):
       scan: { reservationId: input.reservationId, targetId: input.targetId, source: input.source, identity: input.identity, revision, at, ...s },
       findings: rows.map((f) => ({ id: f.id, change: changed.get(f.id)!, detector: f.detector, path: f.path, line: f.line, fingerprint: f.fingerprint, preview: f.preview, verified: f.verified }))
     }
-    if (isPg) yield* sql`SELECT pg_advisory_xact_lock(${OUTBOX_LOCK})`
     yield* sql`INSERT INTO finding_outbox (target_id, at, payload) VALUES (${input.targetId}, ${at}, ${JSON.stringify(payload)})`
   })
 

@@ -364,6 +364,27 @@ export const toJsonLines = (fs: ReadonlyArray<Finding>): string => fs.map((f) =>
 const sarifLevel = (f: Finding) => (f.verified === true ? "error" : "warning")
 
 /**
+ * A finding's path as a SARIF `artifactLocation.uri`: a relative reference that is
+ * never more than a path and gives the path back. Each `/`-separated segment is
+ * percent-encoded (`encodeURIComponent`: `:` `?` `#` `%`, spaces, controls and
+ * non-ASCII), and so is a segment that is `.` or `..`, so no segment reads as a dot
+ * segment; a uri that would start with `//` (an authority) gets the RFC 3986 `/.`
+ * prefix. The empty path (no file) is `.`, since code scanning refuses an empty uri.
+ * Decoding (`.` is the empty path; else drop a leading `/.` before `//`, then
+ * `decodeURIComponent` each segment) gives back the path exactly. An unpaired
+ * surrogate, which no stored path holds (the edge refuses it), becomes U+FFFD.
+ */
+export const artifactUri = (path: string): string => {
+  if (path === "") return "."
+  const uri = path
+    .replace(/\p{Cs}/gu, "\uFFFD")
+    .split("/")
+    .map((segment) => (segment === "." || segment === ".." ? segment.replaceAll(".", "%2E") : encodeURIComponent(segment)))
+    .join("/")
+  return uri.startsWith("//") ? `/.${uri}` : uri
+}
+
+/**
  * A SARIF 2.1.0 log of findings: one run, one rule per detector, one result
  * per finding with its location and its fingerprint as a partial fingerprint
  * (so code-scanning tools deduplicate as scanfleet does). Resolved findings
@@ -395,7 +416,7 @@ export const toSarif = (fs: ReadonlyArray<Finding>, tool: { readonly name: strin
           locations: [
             {
               physicalLocation: {
-                artifactLocation: { uri: f.path === "" ? "." : f.path.replace(/^\/+/, "") },
+                artifactLocation: { uri: artifactUri(f.path) },
                 ...(f.line !== null && f.line >= 1 ? { region: { startLine: f.line } } : {})
               }
             }

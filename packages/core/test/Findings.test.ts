@@ -93,3 +93,87 @@ describe("Findings.preview", () => {
     for (const good of ["", "…(0)", "…(5)", "…(40)", "AKIA…(12)", "🔑🔑🔑🔑…(999999999)"]) expect([good, Findings.isPreview(good)]).toEqual([good, true])
   })
 })
+
+/** A stored finding at `path`. */
+const storedAt = (path: string, id = 1): Findings.Finding => ({
+  id,
+  targetId: 1,
+  source: "github",
+  identity: "o/r",
+  detector: "AWS",
+  path,
+  line: 1,
+  fingerprint: marker.redacted,
+  preview: marker.preview,
+  verified: null,
+  status: "new",
+  firstSeenAt: 0,
+  lastSeenAt: 0,
+  firstRevision: null,
+  lastRevision: null,
+  resolvedAt: null,
+  resolvedRevision: null,
+  details: {},
+  sealed: null
+})
+
+const uriOf = (path: string): string => Findings.toSarif([storedAt(path)], { name: "scanfleet", version: "0" }).runs[0].results[0].locations[0].physicalLocation.artifactLocation.uri
+
+/** A SARIF uri read back as a path: `.` is the empty path; else a leading `/.` before `//` goes, then each segment is decoded. */
+const pathOfUri = (uri: string): string =>
+  uri === "."
+    ? ""
+    : (uri.startsWith("/.//") ? uri.slice(2) : uri)
+        .split("/")
+        .map((segment) => decodeURIComponent(segment))
+        .join("/")
+
+// RFC 3986, appendix B: a reference's scheme, authority, path, query and fragment.
+const parts = (uri: string) => {
+  const m = /^(?:([^:/?#]+):)?(?:\/\/([^/?#]*))?([^?#]*)(?:\?([^#]*))?(?:#(.*))?$/.exec(uri)!
+  return { scheme: m[1], authority: m[2], path: m[3], query: m[4], fragment: m[5] }
+}
+// Only unreserved characters, sub-delims, ":", "@", "/" and percent-encoded octets: a path, as RFC 3986 spells one.
+const pathChars = /^(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/]|%[0-9A-F]{2})*$/
+
+// Paths built from the pieces that broke the export: separators, dot segments, URI delimiters, escapes, non-ASCII.
+const trickyPath = fc
+  .array(fc.constantFrom("/", "//", ".", "..", ":", "sha256:", "#", "?", "%", "%zz", "%41", " ", "\t", "\n", "\\", "C:", "[", "]", "|", "{", "}", "ü", "秘密", "😀", "a", ".env"), { maxLength: 12 })
+  .map((xs) => xs.join(""))
+
+describe("Findings.toSarif", () => {
+  it.prop(
+    "property: for any path, the SARIF artifact uri decodes back to exactly that path and never has a scheme, an authority, a query or a fragment",
+    [fc.oneof(fc.string({ unit: "binary", maxLength: 60 }), trickyPath)],
+    ([path]) => {
+      const uri = uriOf(path)
+      expect(pathOfUri(uri)).toBe(path)
+      expect(parts(uri)).toEqual({ scheme: undefined, authority: undefined, path: uri, query: undefined, fragment: undefined })
+      expect(uri).toMatch(pathChars)
+      expect(uri).not.toBe("")
+    },
+    { fastCheck: { numRuns: 2000 } }
+  )
+
+  it("paths that are URI syntax stay paths: a scheme-like prefix, a fragment, a query, the root, a leading // and dot segments", () => {
+    expect(
+      ["dir with space/a.env", "100%.env", "a#frag.env", "q?x=1.env", "sha256:0f3a9b/etc/app.env", "/", "//host/share/x.env", "/etc/app.env", "./a/../b", "", "."].map((p) => [p, uriOf(p)])
+    ).toEqual([
+      ["dir with space/a.env", "dir%20with%20space/a.env"],
+      ["100%.env", "100%25.env"],
+      ["a#frag.env", "a%23frag.env"],
+      ["q?x=1.env", "q%3Fx%3D1.env"],
+      ["sha256:0f3a9b/etc/app.env", "sha256%3A0f3a9b/etc/app.env"],
+      ["/", "/"],
+      ["//host/share/x.env", "/.//host/share/x.env"],
+      ["/etc/app.env", "/etc/app.env"],
+      ["./a/../b", "%2E/a/%2E%2E/b"],
+      ["", "."],
+      [".", "%2E"]
+    ])
+  })
+
+  it("an unpaired surrogate, which the edge refuses, does not break the export: it becomes U+FFFD", () => {
+    expect(uriOf("a\ud800b.env")).toBe("a%EF%BF%BDb.env")
+  })
+})
