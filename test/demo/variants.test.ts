@@ -4,6 +4,7 @@ import { tmpdir } from "node:os"
 import { join, resolve } from "node:path"
 import pg from "pg"
 import { afterAll, beforeAll, describe, expect, inject, it, vi } from "vitest"
+import * as Catalogue from "../../packages/server-example/src/demo/Catalogue.js"
 import * as Demo from "../../packages/server-example/src/demo/Demo.js"
 
 // The other two ways docs/getting-started.md runs the same demo: on PostgreSQL
@@ -79,27 +80,38 @@ describe("the demo, pointed elsewhere", () => {
     }
   }, 120_000)
 
-  it("a second start reuses the data folder: the same devices and tokens, no second configuration version, and the work goes on", async () => {
+  it("a second start reuses the data folder: the same devices and tokens, no second configuration version, the work goes on, and the same targets are pushed again", async () => {
     const dir = dataDir()
     const completedBy = async (demo: Demo.Running, atLeast: number) =>
       until(`${atLeast} completed assignments`, 60_000, async () => {
         const { assignments } = await api<{ assignments: Array<{ deviceId: number }> }>(demo, "/v1/admin/assignments?state=completed&limit=1000")
         return assignments.length >= atLeast ? assignments : null
       })
-    const first = await Demo.start({ dataDir: dir, port: 0, log: () => {} })
+    // The catalogue's log lines of each run; a scripted push commits to the target's repository (Catalogue.commits).
+    const logged: Array<Array<{ message: string; source?: string; identity?: string }>> = [[], []]
+    const logTo = (run: number) => (line: string) => void logged[run].push(JSON.parse(line))
+    const pushedWithCommit = (run: number) => logged[run].filter((l) => l.message === "catalogue_pushed_again" && `${l.source}:${l.identity}` in Catalogue.commits)
+    const first = await Demo.start({ dataDir: dir, port: 0, log: logTo(0) })
     let before: Array<{ deviceId: number }>
+    let pushed: { source?: string; identity?: string }
     try {
       expect(first.run).toBe(1)
       before = await completedBy(first, 1)
+      pushed = await until("a scripted push with its commit", 60_000, async () => pushedWithCommit(0)[0])
     } finally {
       await first.stop()
     }
-    const second = await Demo.start({ dataDir: dir, port: 0, log: () => {} })
+    const second = await Demo.start({ dataDir: dir, port: 0, log: logTo(1) })
     try {
       expect(second.run).toBe(2)
       expect(second.adminToken).toBe(first.adminToken)
       const config = await api<{ version: number | null }>(second, "/v1/admin/config")
       expect(config.version).toBe(1)
+      // The change is already in the repository: the push is committed again all the same (it once failed "nothing to commit").
+      await until(`${pushed.source}:${pushed.identity} pushed again, or a catalogue error`, 60_000, async () =>
+        logged[1].some((l) => l.message === "catalogue_error") || pushedWithCommit(1).some((l) => l.source === pushed.source && l.identity === pushed.identity)
+      )
+      expect(logged[1].filter((l) => l.message === "catalogue_error")).toEqual([])
       // Every assignment, old and new, was claimed by one of the two devices of the first run.
       const after = await completedBy(second, before.length + 1)
       const devices = new Set(after.map((a) => a.deviceId))

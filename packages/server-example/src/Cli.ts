@@ -18,9 +18,10 @@ import * as Tokens from "./Tokens.js"
  * The `scanfleet-server` command: `serve`, `migrate`, `device add`,
  * `config preview` and `config apply`, and the operator commands that call a
  * running server's admin API (`targets`, `assignments`, `sources`, `devices`, `audit`), and
- * `findings list`, `findings target` and `findings export`, which read the database. Every setting is a flag and an
- * environment variable (both named in `--help`), over an optional JSON
- * settings file.
+ * `findings list`, `findings target` and `findings export`, which read the database. Settings come from an
+ * optional JSON settings file, then `SCANFLEET_*` environment variables, then flags; a command's
+ * `--help` names each of its settings' flags with its variable (docs/server.md lists the settings
+ * that have neither).
  */
 
 type Field = keyof typeof ServerConfig.envVars extends infer K ? (K extends keyof typeof ServerConfig.envVars ? (typeof ServerConfig.envVars)[K] : never) : never
@@ -33,11 +34,33 @@ const common = {
   logFormat: described(Options.choice("log-format", LogLine.formats), "json lines, or pretty for people (default json)", envOf("logFormat"))
 }
 
+// @effect/cli's log levels, as the server's.
+const levels: Record<LogLevel.LogLevel["_tag"], ServerConfig.ServerConfig["logLevel"]> = {
+  All: "debug",
+  Trace: "debug",
+  Debug: "debug",
+  Info: "info",
+  Warning: "warning",
+  Error: "error",
+  Fatal: "error",
+  None: "none"
+}
+
 const serveOptions = {
   ...common,
   host: described(Options.text("host"), "listen address (default 127.0.0.1)", envOf("host")),
   port: described(Options.integer("port"), "listen port (default 8080; 0 picks a free one)", envOf("port")),
-  adminToken: described(Options.redacted("admin-token"), "required: bearer token of /v1/admin/* and the dashboard, at least 16 characters", envOf("adminToken")),
+  adminToken: described(
+    Options.redacted("admin-token"),
+    "required: bearer token of /v1/admin/* and the dashboard, at least 16 visible ASCII characters without spaces",
+    envOf("adminToken")
+  ),
+  // The same values as @effect/cli's own --log-level (all and trace mean debug, fatal means error), so where the flag stands changes nothing.
+  logLevel: described(
+    Options.choiceWithValue("log-level", Object.entries(levels).map(([tag, level]): [string, ServerConfig.ServerConfig["logLevel"]] => [tag.toLowerCase(), level])),
+    "the least severe log line written: debug, info, warning, error or none (default info)",
+    envOf("logLevel")
+  ),
   sweepIntervalMs: described(Options.integer("sweep-interval-ms"), "how often the expiry sweeper runs, ms (default 1000)", envOf("sweepIntervalMs")),
   poolSize: described(Options.integer("pool-size"), "PostgreSQL connection pool size (default 10)", envOf("poolSize")),
   pgPrepare: described(Options.choice("pg-prepare", ["on", "off"]), "PostgreSQL prepared hot statements; off behind a transaction pooler (default on)", envOf("pgPrepare")),
@@ -58,23 +81,14 @@ interface Given {
   readonly sweepIntervalMs?: Option.Option<number>
   readonly poolSize?: Option.Option<number>
   readonly pgPrepare?: Option.Option<"on" | "off">
+  readonly logLevel?: Option.Option<ServerConfig.ServerConfig["logLevel"]>
 }
 
-const levels: Record<LogLevel.LogLevel["_tag"], ServerConfig.ServerConfig["logLevel"]> = {
-  All: "debug",
-  Trace: "debug",
-  Debug: "debug",
-  Info: "info",
-  Warning: "warning",
-  Error: "error",
-  Fatal: "error",
-  None: "none"
-}
-
-// Set by `main`: @effect/cli consumes its own --log-level flag before a handler runs.
+// Set by `main`: @effect/cli consumes its own --log-level flag (given before the command, or as
+// a command's only flag) before a handler runs; `serve`'s own --log-level is read as a flag.
 let explicitLogLevel = false
 
-/** The settings: the file, then `SCANFLEET_*`, then flags (and @effect/cli's `--log-level`). */
+/** The settings: the file, then `SCANFLEET_*`, then flags (`serve --log-level`, or @effect/cli's own `--log-level`). */
 const settings = (given: Given, env: Record<string, string | undefined>, needAdminToken: boolean) =>
   Effect.gen(function* () {
     const overrides: Partial<ServerConfig.ServerConfigInput> = {}
@@ -88,7 +102,7 @@ const settings = (given: Given, env: Record<string, string | undefined>, needAdm
       poolSize: pick(given.poolSize),
       adminToken: Option.getOrUndefined(Option.map(given.adminToken ?? Option.none(), Redacted.value)),
       pgPrepare: Option.getOrUndefined(Option.map(given.pgPrepare ?? Option.none(), (v) => v === "on")),
-      logLevel: explicitLogLevel ? levels[(yield* FiberRef.get(FiberRef.currentMinimumLogLevel))._tag] : undefined
+      logLevel: pick(given.logLevel) ?? (explicitLogLevel ? levels[(yield* FiberRef.get(FiberRef.currentMinimumLogLevel))._tag] : undefined)
     }
     for (const [k, v] of Object.entries(entries)) if (v !== undefined) Object.assign(overrides, { [k]: v })
     // Commands other than serve never check the admin token; a throwaway one satisfies the schema.

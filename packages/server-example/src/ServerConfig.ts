@@ -5,6 +5,12 @@ import { Context } from "effect"
 import { z } from "zod"
 import { urlProblem } from "./Webhooks.js"
 
+/** The log levels a server takes, least severe first (`none` writes nothing). */
+export const logLevels = ["debug", "info", "warning", "error", "none"] as const
+
+// What a bearer token can carry (RFC 6750's b64token is narrower): visible ASCII, no space.
+const bearerSafe = /^[\x21-\x7e]+$/
+
 /**
  * The server's own settings (not the managed runtime configuration, which
  * lives in the store): where the database is, where to listen, the admin
@@ -23,8 +29,11 @@ export const ServerConfigSchema = z
     host: z.string().min(1).default("127.0.0.1"),
     /** 0 picks a free port. */
     port: z.number().int().min(0).max(65_535).default(8080),
-    /** Bearer token of `/v1/admin/*` and the dashboard; at least 16 characters. */
-    adminToken: z.string({ error: (i) => (i.input === undefined ? "required" : undefined) }).min(16, "must be at least 16 characters"),
+    /** Bearer token of `/v1/admin/*` and the dashboard: at least 16 characters, each visible ASCII (no space), so it can be sent as `Authorization: Bearer <token>`. */
+    adminToken: z
+      .string({ error: (i) => (i.input === undefined ? "required" : undefined) })
+      .min(16, "must be at least 16 characters")
+      .regex(bearerSafe, "must be visible ASCII characters without spaces (it is sent as Authorization: Bearer <token>), such as the output of openssl rand -hex 32"),
     /** How often the expiry sweeper looks for reservations past their assignment expiry. */
     sweepIntervalMs: z.number().int().min(10).max(3_600_000).default(1000),
     /** How long a stopping server waits for requests still in flight (their clients gone) before it closes the store, milliseconds. */
@@ -35,7 +44,8 @@ export const ServerConfigSchema = z
     poolSize: z.number().int().min(1).max(200).default(10),
     /** PostgreSQL: run the hot statements as prepared statements; off behind a pooler that cannot carry them (PgBouncer in transaction mode before 1.21). */
     pgPrepare: z.boolean().default(true),
-    logLevel: z.enum(["debug", "info", "warning", "error", "none"]).default("info"),
+    /** The least severe log line written. */
+    logLevel: z.enum(logLevels).default("info"),
     /** The secret the fleet key (devices fingerprint found secrets with it) is derived from; the admin token when absent. Never stored in the database. */
     findingsKey: z.string().min(16).optional(),
     /** Opt-in raw upload: 32 bytes as 64 hex digits; devices may then send secret values, sealed with AES-256-GCM before they are stored. Never stored in the database. */
@@ -90,7 +100,7 @@ export const envVars = {
 /** The command-line flag of each setting (the CLI reads the same names). */
 export const flagOf = (field: string): string => `--${field.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`).replace(/^database-url$/, "database")}`
 
-/** The settings `serve` also takes as a flag (Cli.ts declares them; `--log-level` is @effect/cli's own); the others come from the environment or the settings file. */
+/** The settings `serve` also takes as a flag (Cli.ts declares them); the others come from the environment or the settings file. */
 export const flagged: ReadonlySet<string> = new Set(["databaseUrl", "logFormat", "logLevel", "host", "port", "adminToken", "sweepIntervalMs", "poolSize", "pgPrepare"])
 
 /** Where a setting can be given, for messages: its flag where it has one, its environment variable where it has one, else the settings file. */

@@ -2,11 +2,12 @@ import * as FakeSources from "@scanfleet/adapters/testing/FakeSources"
 import { Config } from "@scanfleet/core"
 import { writeFileSync } from "node:fs"
 import { request } from "node:http"
+import { createServer } from "node:net"
 import { dirname, join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as ServerConfig from "../src/ServerConfig.js"
 import { sqliteFile } from "./fixtures/Databases.js"
-import { prepare, runCli, serve, type ServerProcess } from "./fixtures/ServerProcess.js"
+import { prepare, runCli, serve, spawnCli, type ServerProcess } from "./fixtures/ServerProcess.js"
 
 const adminToken = "cli-admin-token-0123456789abcdef"
 
@@ -23,17 +24,84 @@ describe("scanfleet-server CLI (real child processes, SQLite file)", { timeout: 
   })
   let deviceToken = ""
 
-  it("a settings error names only the flags serve takes: each flagged setting is in serve --help, no other setting's flag is, and a bad findings raw key names its variable alone", async () => {
+  it("a settings error names only the flags serve takes: each flagged setting is in serve --help with its variable, no other setting's flag is, and a bad findings raw key names its variable alone", async () => {
     const help = await runCli(["serve", "--help"])
     expect(help.code, help.stderr).toBe(0)
-    for (const field of Object.values(ServerConfig.envVars)) {
+    // One section a flag: its usage line, then its descriptions. @effect/cli's own flags (--log-level among them) name no variable.
+    const sections = help.stdout.split(/\n(?=--)/)
+    for (const [env, field] of Object.entries(ServerConfig.envVars)) {
       const flag = ServerConfig.flagOf(field)
-      expect(new RegExp(`${flag}\\b`).test(help.stdout), `${field}: ${flag}`).toBe(ServerConfig.flagged.has(field))
+      if (ServerConfig.flagged.has(field)) expect(sections.some((s) => new RegExp(`^${flag}\\b`).test(s) && s.includes(`(env ${env})`)), `${field}: ${flag} described with ${env}`).toBe(true)
+      else expect(new RegExp(`${flag}\\b`).test(help.stdout), `${field}: no ${flag}`).toBe(false)
     }
     const bad = await runCli(["serve"], { ...env, SCANFLEET_FINDINGS_RAW_KEY: "short" })
     expect(bad.code).not.toBe(0)
     expect(bad.stderr).toContain("findingsRawKey (SCANFLEET_FINDINGS_RAW_KEY)")
     expect(bad.stderr).not.toContain("--findings-raw-key")
+  })
+
+  it("an admin token that cannot be sent as a bearer token (a space, a tab, a non-ASCII character) is refused at start with exit 2, naming its flag and variable, never echoing it", async () => {
+    // A server that starts anyway is stopped after 20 s rather than waited for.
+    const start = (args: ReadonlyArray<string>, e: Record<string, string>) =>
+      new Promise<{ code: number | null; output: string }>((resolve) => {
+        const child = spawnCli(args, e)
+        let output = ""
+        child.stdout!.on("data", (d) => (output += d))
+        child.stderr!.on("data", (d) => (output += d))
+        const timer = setTimeout(() => child.kill("SIGKILL"), 20_000)
+        child.on("close", (code) => (clearTimeout(timer), resolve({ code, output })))
+      })
+    const spaced = "the same admin token on every instance"
+    const fromEnv = await start(["serve", "--port", "0"], { ...env, SCANFLEET_ADMIN_TOKEN: spaced })
+    expect(fromEnv.code, fromEnv.output).toBe(2)
+    expect(fromEnv.output).toContain("adminToken (--admin-token or SCANFLEET_ADMIN_TOKEN)")
+    expect(fromEnv.output).toContain("without spaces")
+    expect(fromEnv.output).not.toContain(spaced)
+    for (const token of ["tab\tseparated-admin-token", "ädmin-token-0123456789"]) {
+      const fromFlag = await start(["serve", "--port", "0", "--admin-token", token], env)
+      expect(fromFlag.code, fromFlag.output).toBe(2)
+      expect(fromFlag.output).toContain("--admin-token or SCANFLEET_ADMIN_TOKEN")
+      expect(fromFlag.output).not.toContain(token)
+    }
+  })
+
+  it("serve --log-level warning works as docs/server.md shows it, alone or among other flags, over SCANFLEET_LOG_LEVEL: no info or debug line, and the server serves", async () => {
+    const freePort = () =>
+      new Promise<number>((resolve, reject) => {
+        const srv = createServer()
+        srv.on("error", reject)
+        srv.listen(0, "127.0.0.1", () => {
+          const port = (srv.address() as { port: number }).port
+          srv.close(() => resolve(port))
+        })
+      })
+    // Nothing at info is written, so "server listening" never comes: wait for /healthz instead.
+    const quiet = async (args: ReadonlyArray<string>, port: number) => {
+      const child = spawnCli(args, { ...env, SCANFLEET_PORT: String(port), SCANFLEET_LOG_LEVEL: "debug" })
+      let out = ""
+      child.stdout!.on("data", (d) => (out += d))
+      child.stderr!.on("data", (d) => (out += d))
+      const exited = new Promise<number | null>((r) => child.on("close", (code) => r(code)))
+      let gone: number | null | undefined
+      void exited.then((code) => (gone = code))
+      try {
+        let healthy = false
+        for (let i = 0; i < 300 && !healthy && gone === undefined; i++) {
+          await new Promise((r) => setTimeout(r, 100))
+          healthy = await fetch(`http://127.0.0.1:${port}/healthz`).then((r) => r.ok, () => false)
+        }
+        expect(gone, `${args.join(" ")} exited:\n${out}`).toBeUndefined()
+        expect(healthy, out).toBe(true)
+        expect((await fetch(`http://127.0.0.1:${port}/v1/admin/config`, { headers: { authorization: `Bearer ${adminToken}` } })).status).toBe(200)
+        child.kill("SIGTERM")
+        expect(await exited, out).toBe(0)
+      } finally {
+        if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL")
+      }
+      expect(out, args.join(" ")).not.toMatch(/"level":"(info|debug)"/)
+    }
+    await quiet(["serve", "--log-level", "warning"], await freePort())
+    await quiet(["serve", "--host", "127.0.0.1", "--log-level", "warning"], await freePort())
   })
 
   it("migrate, device add (token printed once), config preview and apply", async () => {

@@ -1,4 +1,4 @@
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, describe, expect, it } from "vitest"
@@ -43,6 +43,32 @@ describe("server settings", () => {
     }
     expect(() => ServerConfig.load({ file: join(dir, "missing.json") })).toThrow(/cannot read/)
     expect(() => ServerConfig.load({ env: {} })).toThrow(/adminToken/)
+  })
+
+  it("an admin token must be sendable as a bearer token: visible ASCII (0x21 to 0x7E), no space; the message names its flag and variable, never the token", () => {
+    expect(ServerConfig.make({ adminToken: "!~visible-ASCII_0123456789" }).adminToken).toBe("!~visible-ASCII_0123456789")
+    for (const token of ["the same admin token on every instance", "tab\tseparated-admin-token", "line-break-admin-token\n", "ädmin-token-0123456789", "nul\u0000admin-token-0123456789"]) {
+      try {
+        ServerConfig.make({ adminToken: token })
+        expect.unreachable(JSON.stringify(token))
+      } catch (e) {
+        expect((e as ServerConfig.ServerConfigError).issues.map((i) => i.path)).toEqual([["adminToken"]])
+        expect((e as Error).message).toContain("adminToken (--admin-token or SCANFLEET_ADMIN_TOKEN)")
+        expect((e as Error).message).not.toContain(token)
+      }
+    }
+  })
+
+  it("docs/server.md's settings table lists every setting, with its variable and flag as the code has them", () => {
+    const page = readFileSync(join(__dirname, "../../../docs/server.md"), "utf8")
+    const section = page.slice(page.indexOf("## Settings"), page.indexOf("## ", page.indexOf("## Settings") + 3))
+    const rows = section
+      .split("\n")
+      .filter((l) => l.startsWith("| `"))
+      .map((l) => l.split(/(?<!\\)\|/).slice(1, 4).map((c) => /^\s*`([^`\s]*)/.exec(c)?.[1] ?? ""))
+    const env = (field: string) => Object.entries(ServerConfig.envVars).find(([, f]) => f === field)?.[0] ?? ""
+    expect(rows.map(([field]) => field).sort()).toEqual(Object.keys(ServerConfig.ServerConfigSchema.shape).sort())
+    for (const [field, variable, flag] of rows) expect({ field, variable, flag }).toEqual({ field, variable: env(field), flag: ServerConfig.flagged.has(field) ? ServerConfig.flagOf(field) : "" })
   })
 
   it("database URLs: postgres, sqlite paths and memory; passwords are redacted for logs", () => {

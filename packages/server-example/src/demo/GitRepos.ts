@@ -19,7 +19,10 @@ export interface GitRepos {
   readonly url: string
   /** Creates a target's repository with these files and one commit, unless it exists. */
   readonly ensure: (source: string, identity: string, files: Readonly<Record<string, string>>) => Promise<void>
-  /** Commits a change (files written, files removed) to an existing repository. */
+  /**
+   * Commits a change (files written, files removed) to an existing repository. A change already
+   * made (by an earlier run over the same data folder) is committed empty: still a new revision.
+   */
   readonly commit: (source: string, identity: string, change: { readonly write?: Readonly<Record<string, string>>; readonly remove?: ReadonlyArray<string>; readonly message: string }) => Promise<void>
   readonly close: () => Promise<void>
 }
@@ -86,7 +89,7 @@ export const start = async (root: string, fallback: (source: string, identity: s
         write(dir, change.write ?? {})
         for (const f of change.remove ?? []) rmSync(join(dir, f), { force: true })
         await git(dir, "add", "-A")
-        await git(dir, "commit", "-q", "-m", change.message)
+        await git(dir, "commit", "-q", "--allow-empty", "-m", change.message)
         await git(dir, "update-server-info")
       }),
     close: () => new Promise<void>((r) => server.close(() => r()))
