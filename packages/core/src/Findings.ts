@@ -384,49 +384,59 @@ export const artifactUri = (path: string): string => {
   return uri.startsWith("//") ? `/.${uri}` : uri
 }
 
-/**
- * A SARIF 2.1.0 log of findings: one run, one rule per detector, one result
- * per finding with its location and its fingerprint as a partial fingerprint
- * (so code-scanning tools deduplicate as scanfleet does). Resolved findings
- * carry `baselineState: "absent"`, new ones `"new"`, open ones `"unchanged"`.
- */
-export const toSarif = (fs: ReadonlyArray<Finding>, tool: { readonly name: string; readonly version: string; readonly informationUri?: string }) => {
-  const detectors = [...new Set(fs.map((f) => f.detector))].sort()
-  const index = new Map(detectors.map((d, i) => [d, i]))
-  return {
-    $schema: "https://json.schemastore.org/sarif-2.1.0.json",
-    version: "2.1.0" as const,
-    runs: [
-      {
-        tool: {
-          driver: {
-            name: tool.name,
-            version: tool.version,
-            ...(tool.informationUri ? { informationUri: tool.informationUri } : {}),
-            rules: detectors.map((d) => ({ id: d, name: d, shortDescription: { text: `secret found by ${d}` } }))
-          }
-        },
-        results: fs.map((f) => ({
-          ruleId: f.detector,
-          ruleIndex: index.get(f.detector)!,
-          level: sarifLevel(f),
-          kind: "fail" as const,
-          baselineState: f.status === "resolved" ? ("absent" as const) : f.status === "new" ? ("new" as const) : ("unchanged" as const),
-          message: { text: `${f.detector} secret ${f.preview} in ${f.source}:${f.identity}${f.path ? ` at ${f.path}` : ""}${f.verified === true ? " (verified)" : ""}` },
-          locations: [
-            {
-              physicalLocation: {
-                artifactLocation: { uri: artifactUri(f.path) },
-                ...(f.line !== null && f.line >= 1 ? { region: { startLine: f.line } } : {})
-              }
-            }
-          ],
-          partialFingerprints: { "scanfleet/v1": f.fingerprint },
-          properties: { findingId: f.id, source: f.source, identity: f.identity, status: f.status, firstSeenAt: new Date(f.firstSeenAt).toISOString(), lastSeenAt: new Date(f.lastSeenAt).toISOString(), firstRevision: f.firstRevision, lastRevision: f.lastRevision }
-        }))
-      }
-    ]
+/** The tool a SARIF log names. */
+export interface SarifTool {
+  readonly name: string
+  readonly version: string
+  readonly informationUri?: string
+}
+
+/** The `$schema` and `version` a SARIF 2.1.0 log starts with. */
+export const sarifHead = { $schema: "https://json.schemastore.org/sarif-2.1.0.json", version: "2.1.0" as const }
+
+/** A SARIF run's tool: its driver with one rule per detector, in the order given (a result's `ruleIndex` is a position in it). */
+export const sarifTool = (tool: SarifTool, detectors: ReadonlyArray<string>) => ({
+  driver: {
+    name: tool.name,
+    version: tool.version,
+    ...(tool.informationUri ? { informationUri: tool.informationUri } : {}),
+    rules: detectors.map((d) => ({ id: d, name: d, shortDescription: { text: `secret found by ${d}` } }))
   }
+})
+
+/**
+ * One finding as a SARIF result: its location and its fingerprint as a partial fingerprint
+ * (so code-scanning tools deduplicate as scanfleet does). Resolved findings carry
+ * `baselineState: "absent"`, new ones `"new"`, open ones `"unchanged"`.
+ */
+export const sarifResult = (f: Finding, ruleIndex: number) => ({
+  ruleId: f.detector,
+  ruleIndex,
+  level: sarifLevel(f),
+  kind: "fail" as const,
+  baselineState: f.status === "resolved" ? ("absent" as const) : f.status === "new" ? ("new" as const) : ("unchanged" as const),
+  message: { text: `${f.detector} secret ${f.preview} in ${f.source}:${f.identity}${f.path ? ` at ${f.path}` : ""}${f.verified === true ? " (verified)" : ""}` },
+  locations: [
+    {
+      physicalLocation: {
+        artifactLocation: { uri: artifactUri(f.path) },
+        ...(f.line !== null && f.line >= 1 ? { region: { startLine: f.line } } : {})
+      }
+    }
+  ],
+  partialFingerprints: { "scanfleet/v1": f.fingerprint },
+  properties: { findingId: f.id, source: f.source, identity: f.identity, status: f.status, firstSeenAt: new Date(f.firstSeenAt).toISOString(), lastSeenAt: new Date(f.lastSeenAt).toISOString(), firstRevision: f.firstRevision, lastRevision: f.lastRevision }
+})
+
+/**
+ * A SARIF 2.1.0 log of findings: one run, one rule per detector in the order the
+ * detectors first appear, one result per finding (`sarifResult`). The server's export
+ * writes the same log a page at a time.
+ */
+export const toSarif = (fs: ReadonlyArray<Finding>, tool: SarifTool) => {
+  const index = new Map<string, number>()
+  for (const f of fs) if (!index.has(f.detector)) index.set(f.detector, index.size)
+  return { ...sarifHead, runs: [{ tool: sarifTool(tool, [...index.keys()]), results: fs.map((f) => sarifResult(f, index.get(f.detector)!)) }] }
 }
 
 /** A finding as the server stores it in a result body: the reported fields, the clear values sealed (or none). */

@@ -1,6 +1,6 @@
 import { HttpRouter, HttpServerResponse } from "@effect/platform"
 import { type Errors, type Findings, FindingStore, FindingsApi, Findings as Rules, type Store } from "@scanfleet/core"
-import { Effect, Option } from "effect"
+import { Chunk, Effect, Option, Stream } from "effect"
 import type { z } from "zod"
 import { ApiError, fromNotFound, fromStoreError } from "./ApiError.js"
 import * as Auth from "./Auth.js"
@@ -61,32 +61,53 @@ const scan = Effect.gen(function* () {
   return ok(s ?? { reservationId: id, new: 0, present: 0, resolved: 0, related: false })
 })
 
-/** Every finding matching the filters, page by page, up to the export limit. */
-const everything = (f: FindingStore.FindingStoreShape, q: Omit<Findings.ListQuery, "limit" | "after">) =>
-  Effect.gen(function* () {
-    const out: Array<Findings.Finding> = []
-    let after = 0
-    for (;;) {
-      const page = yield* storeOp(f.list({ ...q, after, limit: 1000 }))
-      out.push(...page.findings)
-      if (page.next === null || out.length >= exportLimit) return { findings: out.slice(0, exportLimit), truncated: page.next !== null && out.length >= exportLimit }
-      after = page.next
-    }
-  })
+/** The tool the SARIF export names. */
+const tool: Findings.SarifTool = { name: "scanfleet", version: "2", informationUri: "https://github.com/scanfleet/scanfleet" }
 
-/** GET /v1/admin/findings/export?format=jsonl|sarif: the filtered findings as JSON lines or a SARIF 2.1.0 log. */
+/** Every finding matching the filters, page by page, and after the export limit one more if there is one (so the end can say the export was cut). */
+const matching = (f: FindingStore.FindingStoreShape, q: Omit<Findings.ListQuery, "limit" | "after">): Stream.Stream<Findings.Finding, ApiError> =>
+  Stream.paginateChunkEffect(0, (after) =>
+    Effect.map(storeOp(f.list({ ...q, after, limit: 1000 })), (page) => [Chunk.unsafeFromArray([...page.findings]), Option.fromNullable(page.next)] as const)
+  ).pipe(Stream.take(exportLimit + 1))
+
+/**
+ * GET /v1/admin/findings/export?format=jsonl|sarif: the filtered findings as JSON lines or a
+ * SARIF 2.1.0 log, written as the store's pages are read (memory of one page, the event loop
+ * free between them), up to the export limit.
+ */
 const exportRoute = Effect.gen(function* () {
   yield* Auth.admin({ cookie: false })
   const q = yield* Request.query(FindingsApi.ExportQuery)
   const f = yield* findingStore
-  const { findings, truncated } = yield* everything(f, filters(q))
+  // The first page is read before the answer starts, so a store that cannot be read is still a status.
+  yield* storeOp(f.list({ ...filters(q), after: 0, limit: 1 }))
+  const found = Stream.zipWithIndex(matching(f, filters(q)))
   if (q.format === "sarif") {
-    const log = Rules.toSarif(findings, { name: "scanfleet", version: "2", informationUri: "https://github.com/scanfleet/scanfleet" })
-    if (truncated) Object.assign(log.runs[0], { properties: { truncatedAt: exportLimit } })
-    return HttpServerResponse.text(JSON.stringify(log), { contentType: "application/sarif+json" })
+    const rules = new Map<string, number>()
+    let truncated = false
+    const result = ([finding, i]: readonly [Findings.Finding, number]) => {
+      if (i >= exportLimit) {
+        truncated = true
+        return ""
+      }
+      let index = rules.get(finding.detector)
+      if (index === undefined) rules.set(finding.detector, (index = rules.size))
+      return `${i === 0 ? "" : ","}${JSON.stringify(Rules.sarifResult(finding, index))}`
+    }
+    // One string per page read, not one per finding.
+    const results = found.pipe(Stream.mapChunks((c) => Chunk.of(Chunk.toReadonlyArray(c).map(result).join(""))))
+    // The run's tool (its rules known once every result is written) comes after its results: keys have no order.
+    const tail = Stream.suspend(() =>
+      Stream.make(
+        `],"tool":${JSON.stringify(Rules.sarifTool(tool, [...rules.keys()]))}${truncated ? `,"properties":${JSON.stringify({ truncatedAt: exportLimit })}` : ""}}]}`
+      )
+    )
+    const head = `${JSON.stringify(Rules.sarifHead).slice(0, -1)},"runs":[{"results":[`
+    return HttpServerResponse.stream(Stream.encodeText(Stream.concat(Stream.make(head), Stream.concat(results, tail))), { contentType: "application/sarif+json" })
   }
-  const trailer = truncated ? `${JSON.stringify({ truncatedAt: exportLimit })}\n` : ""
-  return HttpServerResponse.text(Rules.toJsonLines(findings) + trailer, { contentType: "application/x-ndjson" })
+  const line = ([finding, i]: readonly [Findings.Finding, number]) => (i < exportLimit ? Rules.toJsonLines([finding]) : `${JSON.stringify({ truncatedAt: exportLimit })}\n`)
+  const lines = found.pipe(Stream.mapChunks((c) => Chunk.of(Chunk.toReadonlyArray(c).map(line).join(""))))
+  return HttpServerResponse.stream(Stream.encodeText(lines), { contentType: "application/x-ndjson" })
 })
 
 /** GET /v1/device/fleet-key: the key a device fingerprints secrets with (device token only). */
