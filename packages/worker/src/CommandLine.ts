@@ -105,6 +105,23 @@ export const refusal = (name: string, tree: ReadonlyArray<Entry>, argv: Readonly
   return undefined
 }
 
+/**
+ * `--flag -5` as `--flag=-5`: `@effect/cli` reads a value that starts with `-` as an option
+ * of its own, so a negative number would be refused as an unknown option instead of
+ * reaching the flag (whose own check then says what it takes). No flag name starts
+ * with a digit, so nothing else is joined.
+ */
+export const joinNegativeValues = (argv: ReadonlyArray<string>): Array<string> => {
+  const out: Array<string> = []
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i]
+    if (a === "--") return [...out, ...argv.slice(i)]
+    if (a.startsWith("--") && !a.includes("=") && i + 1 < argv.length && /^-\d/.test(argv[i + 1])) out.push(`${a}=${argv[++i]}`)
+    else out.push(a)
+  }
+  return out
+}
+
 /** The log layer of a command: the one schema (`LogLine`) on stderr, at `format`. */
 export const logger = (format: LogLine.Format): Layer.Layer<never> => LogLine.toConsole("stderr", format)
 
@@ -112,7 +129,8 @@ export const logger = (format: LogLine.Format): Layer.Layer<never> => LogLine.to
  * Runs `argv` (without `node` and the script) through the application and
  * resolves to the process exit code.
  */
-export const run = async <Name extends string, R, E, A>(app: App<Name, R, E, A>, argv: ReadonlyArray<string>, io: Io = processIo): Promise<number> => {
+export const run = async <Name extends string, R, E, A>(app: App<Name, R, E, A>, given: ReadonlyArray<string>, io: Io = processIo): Promise<number> => {
+  const argv = joinNegativeValues(given)
   const refused = refusal(app.name, entries(app.command), argv)
   if (refused) {
     io.err(`${refused}\n`)

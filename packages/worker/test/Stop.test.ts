@@ -52,4 +52,16 @@ describe("stopping a device", () => {
       expect(exit.all).toContain("--server")
     }
   }, 60_000)
+
+  it("a negative number after a flag reaches the flag's own check, as --flag=-5 does, instead of reading as an unknown option", async () => {
+    for (const args of [
+      ["--grace-ms", "-5"],
+      ["--grace-ms=-5"]
+    ]) {
+      const exit = await spawnCli(["run", "--server", "http://127.0.0.1:1", "--token", "sfd_x", "--scanner", "demo", "--state", join(dir, "n.db"), ...args])
+      expect(exit.exitCode, exit.all).toBe(2)
+      expect(exit.all).toContain("--grace-ms must be a non-negative integer, not -5")
+      expect(exit.all).not.toContain("unknown option")
+    }
+  }, 60_000)
 })
