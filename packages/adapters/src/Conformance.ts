@@ -11,7 +11,8 @@ import {
   PhaseModel,
   type Source,
   Store,
-  type Target
+  type Target,
+  WorkerWrite
 } from "@scanfleet/core"
 import * as Model from "./internal/ModelTest.js"
 
@@ -694,7 +695,13 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
           const acceptedAt = T0 + 20 * MIN
           const receipt = yield* finish(s, a, acceptedAt, "findings")
           expect(receipt).toEqual({ receiptId: `rc-${a.reservationId}-${a.fence}`, reservationId: a.reservationId, outcome: "findings", acceptedAt })
-          // a resubmission returns the original receipt
+          // a resubmission returns the original receipt, known as a repeat even in the same millisecond
+          expect(WorkerWrite.isRepeat(receipt)).toBe(false)
+          const again = yield* finish(s, a, acceptedAt, "clean")
+          expect(again).toEqual(receipt)
+          expect(WorkerWrite.isRepeat(again)).toBe(true)
+          const batched = yield* s.submitResults([{ deviceId: a.deviceId, reservationId: a.reservationId, fence: a.fence, now: acceptedAt, outcome: "clean", finalPhase: null, body: "{}" }])
+          expect(batched.map((r) => Either.isRight(r) && WorkerWrite.isRepeat(r.right))).toEqual([true])
           expect(yield* finish(s, a, acceptedAt + MIN, "clean")).toEqual(receipt)
           expect(yield* s.getAssignment(a.reservationId)).toMatchObject({ state: "completed", outcome: "findings", finalPhase: "awaiting_receipt", endedAt: acceptedAt })
           expect((yield* s.getTarget("github", "o/r"))).toMatchObject({ status: "completed", completedAt: acceptedAt })

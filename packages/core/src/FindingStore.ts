@@ -7,6 +7,7 @@ import * as MemoryStore from "./MemoryStore.js"
 import * as Operations from "./Operations.js"
 import type { Source } from "./Source.js"
 import { Store } from "./Store.js"
+import * as WorkerWrite from "./WorkerWrite.js"
 
 /** A target's findings, the changes in their lives, and its related scans (oldest first). */
 export interface TargetFindings {
@@ -203,10 +204,10 @@ export const layerMemory: Layer.Layer<Store | Operations.Operations | FindingSto
     const store = {
       ...inner,
       submitResult: (input: Parameters<typeof inner.submitResult>[0]) =>
-        Effect.tap(inner.submitResult(input), (receipt) => (receipt.acceptedAt === input.now ? recordAfter(input) : Effect.void)),
+        Effect.tap(inner.submitResult(input), (receipt) => (WorkerWrite.isRepeat(receipt) ? Effect.void : recordAfter(input))),
       submitResults: (inputs: Parameters<typeof inner.submitResults>[0]) =>
         Effect.tap(inner.submitResults(inputs), (answers) =>
-          Effect.forEach(answers, (a, i) => (a._tag === "Right" && a.right.acceptedAt === inputs[i].now ? recordAfter(inputs[i]) : Effect.void), { discard: true })
+          Effect.forEach(answers, (a, i) => (a._tag === "Right" && !WorkerWrite.isRepeat(a.right) ? recordAfter(inputs[i]) : Effect.void), { discard: true })
         )
     }
     // The operator port works on the model's state, which is keyed by the inner store.

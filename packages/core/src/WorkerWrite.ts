@@ -81,6 +81,17 @@ export type ResultJudgement = { readonly _tag: "repeat"; readonly receipt: Assig
  * deadline and the fenced hold on the target. `Right` with a plan when it is accepted,
  * `Right` with the prior receipt when it repeats one.
  */
+const repeats = new WeakSet<Assignment.Receipt>()
+
+/**
+ * True when `receipt` answered a resubmission (the original receipt again) rather than a
+ * result the call accepted. Every store answers a repeat with the receipt `judgeResult`
+ * made for it, and this knows that object; the receipt itself stays exactly the original,
+ * field for field (a repeat and its first acceptance can share a millisecond, so their
+ * times cannot tell them apart).
+ */
+export const isRepeat = (receipt: Assignment.Receipt): boolean => repeats.has(receipt)
+
 export const judgeResult = (
   input: Pick<Authority, "deviceId" | "reservationId" | "fence" | "now"> & { readonly outcome: Assignment.Outcome },
   a: Assignment.Assignment | undefined,
@@ -88,7 +99,10 @@ export const judgeResult = (
 ): Either.Either<ResultJudgement, ReservationRefused> =>
   Either.flatMap(authorize(input, a), (a): Either.Either<ResultJudgement, ReservationRefused> => {
     const prior = priorReceipt(a)
-    if (prior !== null) return Either.right({ _tag: "repeat" as const, receipt: prior })
+    if (prior !== null) {
+      repeats.add(prior)
+      return Either.right({ _tag: "repeat" as const, receipt: prior })
+    }
     return Either.flatMap(requireLive(a, input.now), (a): Either.Either<ResultJudgement, ReservationRefused> => {
       if (input.now > a.uploadDeadline)
         return Either.left(refuse("upload_deadline_passed", a.reservationId, `the result-upload deadline passed at ${new Date(a.uploadDeadline).toISOString()}`))

@@ -1,5 +1,5 @@
 import { Migrator } from "@scanfleet/adapters"
-import { Assignment, Store, type Source } from "@scanfleet/core"
+import { Assignment, Store, type Source, WorkerWrite } from "@scanfleet/core"
 import { Context, Effect, Layer, Runtime } from "effect"
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from "prom-client"
 import pkg from "../package.json" with { type: "json" }
@@ -148,14 +148,14 @@ export const make = (store: Store.StoreShape): Effect.Effect<{ readonly service:
         Effect.tap(store.submitResult(input), (receipt) =>
           Effect.flatMap(store.getAssignment(input.reservationId).pipe(Effect.option), (a) =>
             Effect.sync(() => {
-              if (a._tag === "Some" && receipt.acceptedAt === input.now) results.inc({ source: a.value.source, outcome: receipt.outcome })
-            }).pipe(Effect.zipRight(a._tag === "Some" && receipt.acceptedAt === input.now ? observeDurations(a.value, receipt.outcome, receipt.acceptedAt) : Effect.void))
+              if (a._tag === "Some" && !WorkerWrite.isRepeat(receipt)) results.inc({ source: a.value.source, outcome: receipt.outcome })
+            }).pipe(Effect.zipRight(a._tag === "Some" && !WorkerWrite.isRepeat(receipt) ? observeDurations(a.value, receipt.outcome, receipt.acceptedAt) : Effect.void))
           )
         ),
       submitResults: (inputs) =>
         Effect.tap(store.submitResults(inputs), (answers) =>
           Effect.forEach(answers, (r, i) =>
-            r._tag === "Right" && r.right.acceptedAt === inputs[i].now
+            r._tag === "Right" && !WorkerWrite.isRepeat(r.right)
               ? Effect.flatMap(store.getAssignment(r.right.reservationId).pipe(Effect.option), (a) =>
                   Effect.sync(() => a._tag === "Some" && results.inc({ source: a.value.source, outcome: r.right.outcome })).pipe(
                     Effect.zipRight(a._tag === "Some" ? observeDurations(a.value, r.right.outcome, r.right.acceptedAt) : Effect.void)
