@@ -139,7 +139,8 @@ export const percentileData = (q: z.infer<typeof WorkerApi.PercentileQuery>): Ef
     const to = yield* Clock.currentTimeMillis
     const from = to - Math.round(q.windowHours * 3_600_000)
     const minSamples = document.metrics.minSamples
-    const rows = yield* storeOp(store.percentiles({ from, to: to + 1, source: q.source, metric: q.metric, outcome: q.outcome, minSamples }))
+    // The last windowHours exactly: durations that ended after `from`, up to `to` included (the store reads [from + 1, to + 1)).
+    const rows = yield* storeOp(store.percentiles({ from: from + 1, to: to + 1, source: q.source, metric: q.metric, outcome: q.outcome, minSamples }))
     const filled = [...rows]
     if (q.metric === undefined) {
       const groups = new Set(rows.map((r) => `${r.source}\u0000${r.outcome}`))

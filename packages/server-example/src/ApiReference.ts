@@ -172,7 +172,7 @@ export const admin: ReadonlyArray<Endpoint> = [
     path: "/v1/admin/percentiles",
     auth: "admin",
     summary:
-      "p50/p95/p99 durations (milliseconds; linear interpolation, as PostgreSQL's `percentile_cont`, read from log-bucket counts: within 0.9% of it) by source, metric and outcome over the last `windowHours`, with sample counts. Below the configured `metrics.minSamples` a value is `{ status: \"insufficient\", count, required }` instead of a number. Within a source and outcome that has data, every metric is listed.",
+      "p50/p95/p99 durations (milliseconds; linear interpolation, as PostgreSQL's `percentile_cont`, read from log-bucket counts: within 0.9% of it) by source, metric and outcome over the last `windowHours` (durations that ended after `from` and up to `to`, both in the answer), with sample counts. Below the configured `metrics.minSamples` a value is `{ status: \"insufficient\", count, required }` instead of a number. Within a source and outcome that has data, every metric is listed.",
     query: WorkerApi.PercentileQuery,
     response: { status: 200, schema: WorkerApi.PercentileResponse }
   },
