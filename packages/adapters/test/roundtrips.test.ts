@@ -73,16 +73,16 @@ describe("a progress batch costs O(1) round trips, whatever its size", () => {
       const auth = yield* reserved(store)
       const sent = (n: number) => wire.sent.length - n
       let before = wire.sent.length
-      const fresh = yield* store.appendProgress(auth, progress(1, 1000))
+      const fresh = yield* store.appendProgress(auth, progress(1, 500))
       expect(fresh.results.every((r) => r.status === "accepted")).toBe(true)
       expect(sent(before)).toBe(1)
       before = wire.sent.length
-      const half = yield* store.appendProgress({ ...auth, now: T0 + 2 }, progress(501, 1000))
-      expect(half.results.filter((r) => r.status === "duplicate")).toHaveLength(500)
-      expect(half.assignment.lastSeq).toBe(1500)
+      const half = yield* store.appendProgress({ ...auth, now: T0 + 2 }, progress(251, 500))
+      expect(half.results.filter((r) => r.status === "duplicate")).toHaveLength(250)
+      expect(half.assignment.lastSeq).toBe(750)
       expect(sent(before)).toBe(1)
       before = wire.sent.length
-      const again = yield* store.appendProgress({ ...auth, now: T0 + 3 }, progress(1, 1500))
+      const again = yield* store.appendProgress({ ...auth, now: T0 + 3 }, progress(1, 750))
       expect(again.results.every((r) => r.status === "duplicate")).toBe(true)
       expect(sent(before)).toBe(1)
     }).pipe(Effect.scoped))
@@ -91,12 +91,12 @@ describe("a progress batch costs O(1) round trips, whatever its size", () => {
     Effect.gen(function* () {
       const store = yield* Store.Store
       const auth = yield* reserved(store)
-      const fresh = yield* countStatements(store.appendProgress(auth, progress(1, 1000)))
-      expect(fresh.value.assignment.lastSeq).toBe(1000)
+      const fresh = yield* countStatements(store.appendProgress(auth, progress(1, 500)))
+      expect(fresh.value.assignment.lastSeq).toBe(500)
       expect(fresh.statements).toBe(0)
-      const half = yield* countStatements(store.appendProgress({ ...auth, now: T0 + 2 }, progress(501, 1000)))
-      expect(half.value.results.filter((r) => r.status === "duplicate")).toHaveLength(500)
-      expect(half.value.results.filter((r) => r.status === "accepted")).toHaveLength(500)
+      const half = yield* countStatements(store.appendProgress({ ...auth, now: T0 + 2 }, progress(251, 500)))
+      expect(half.value.results.filter((r) => r.status === "duplicate")).toHaveLength(250)
+      expect(half.value.results.filter((r) => r.status === "accepted")).toHaveLength(250)
       expect(half.statements).toBe(0)
     }).pipe(Effect.provide(freshSqlite())))
 })
