@@ -869,6 +869,28 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
           expect(yield* s.percentiles({ from: T0, to: T0 + 10, outcome: "findings", minSamples: 1 })).toEqual([])
         }))
 
+      test("odd inputs read alike on every store: a NaN or infinite duration is stored as Percentile.storedMs gives it, and a fractional, infinite or NaN window bound as Percentile.windowOf reads it", (s) =>
+        Effect.gen(function* () {
+          yield* s.recordDurations([
+            d("github", "end_to_end", "clean", Number.NaN, T0 + 1),
+            d("github", "end_to_end", "clean", 1, T0 + 2),
+            d("github", "end_to_end", "clean", Number.NEGATIVE_INFINITY, T0 + 3),
+            d("github", "end_to_end", "clean", Number.POSITIVE_INFINITY, T0 + 4)
+          ])
+          const [all] = yield* s.percentiles({ from: T0, to: T0 + 10, minSamples: 1 })
+          // 0, 0, 1 and the ceiling: the median between 0 and 1
+          expect(all.p50).toMatchObject({ status: "ok" })
+          expect(all.p50.status === "ok" && all.p50.value).toBeLessThanOrEqual(0.5 * (1 + Percentile.accuracy) + Percentile.floorMs)
+          expect(all.p99.status === "ok" && all.p99.value).toBeGreaterThan(1e299)
+          // [1.5, 3.5) holds the durations ended at 2 and 3
+          const [some] = yield* s.percentiles({ from: T0 + 1.5, to: T0 + 3.5, minSamples: 1 })
+          expect(some.p50).toMatchObject({ status: "ok" })
+          expect((yield* s.percentiles({ from: Number.NEGATIVE_INFINITY, to: Number.POSITIVE_INFINITY, minSamples: 1 })).map((r) => r.p50)).toEqual([all.p50])
+          expect(yield* s.percentiles({ from: Number.NaN, to: T0 + 10, minSamples: 1 })).toEqual([])
+          expect(some.count).toBe(2)
+          expect(all.count).toBe(4)
+        }))
+
       test("percentiles of any window [from, to) are within Percentile.accuracy of the exact percentiles of the durations inside it, across hour and day edges", (s) =>
         Effect.gen(function* () {
           // Durations over three days, so windows cut days and hours at arbitrary points.

@@ -273,10 +273,11 @@ export const make = (): StoreShape => {
           .slice(0, q.limit)
       ),
 
-    recordDurations: (ds) => Effect.sync(() => void durations.push(...ds)),
+    recordDurations: (ds) => Effect.sync(() => void durations.push(...ds.map((d) => ({ ...d, ms: Percentile.storedMs(d.ms) })))),
 
-    percentiles: (q) =>
+    percentiles: (query) =>
       Effect.sync(() => {
+        const q = { ...query, ...Percentile.windowOf(query.from, query.to) }
         const groups = new Map<string, { source: Source; metric: Percentile.Metric; outcome: Assignment.Outcome; values: Array<number> }>()
         for (const d of durations) {
           if (d.at < q.from || d.at >= q.to) continue

@@ -81,6 +81,26 @@ export const floorMs = 1e-6
 /** Durations above this count as this, so a bucket is always a finite integer. */
 export const ceilingMs = 1e300
 
+/**
+ * A duration as every store keeps it: NaN and −∞ are 0 (as `bucketOf` counts them), +∞ is
+ * `ceilingMs`, anything else as given. So no store refuses one, or sorts it elsewhere.
+ */
+export const storedMs = (ms: number): number => (Number.isNaN(ms) || ms === -Infinity ? 0 : ms === Infinity ? ceilingMs : ms)
+
+/** The earliest and latest instants a window may name: JavaScript's date range, in ms. */
+export const maxInstant = 8_640_000_000_000_000
+
+/**
+ * A window [from, to) as every store reads it: bounds past JavaScript's date range are
+ * clamped to it, fractional ones rounded up (for durations ended at whole milliseconds,
+ * the same window), and a window with a bound that is not a number is empty.
+ */
+export const windowOf = (from: number, to: number): { readonly from: number; readonly to: number } => {
+  if (Number.isNaN(from) || Number.isNaN(to)) return { from: 0, to: 0 }
+  const bound = (t: number) => Math.min(maxInstant, Math.max(-maxInstant, Math.ceil(t)))
+  return { from: bound(from), to: bound(to) }
+}
+
 /** The bucket of 0 (and of every duration below `floorMs`); below every other bucket. */
 export const zeroBucket = -100_000
 

@@ -449,7 +449,8 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
       // PostgreSQL sums them into a bigint; a bigint count would make every column a bigint, summed
       // into a numeric (19,000 rows of 32 columns: 11.4 ms against 18.5). A raw stretch is under
       // ten minutes.
-      const parts = Rollups.plan(q.from, q.to).map((p) => {
+      const window = Percentile.windowOf(q.from, q.to)
+      const parts = Rollups.plan(window.from, window.to).map((p) => {
         const neg = p.sign === 1 ? "" : "-"
         return p._tag === "rollup"
           ? sql`SELECT source, metric, outcome, chunk, ${sql.literal(slots.map((i) => `${neg}c${i} AS c${i}`).join(", "))} FROM duration_rollups
@@ -741,10 +742,10 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
       isPg
         ? sql`INSERT INTO durations (source, metric, outcome, ms, at)
             SELECT * FROM unnest(${ds.map((d) => d.source)}::text[], ${ds.map((d) => d.metric)}::text[], ${ds.map((d) => d.outcome)}::text[],
-              ${ds.map((d) => d.ms)}::float8[], ${ds.map((d) => d.at)}::bigint[])`
+              ${ds.map((d) => Percentile.storedMs(d.ms))}::float8[], ${ds.map((d) => d.at)}::bigint[])`
         : sql`INSERT INTO durations (source, metric, outcome, ms, at)
             SELECT j.value ->> 0, j.value ->> 1, j.value ->> 2, j.value ->> 3, j.value ->> 4
-            FROM json_each(${JSON.stringify(ds.map((d) => [d.source, d.metric, d.outcome, d.ms, d.at]))}) AS j ORDER BY j.key`
+            FROM json_each(${JSON.stringify(ds.map((d) => [d.source, d.metric, d.outcome, Percentile.storedMs(d.ms), d.at]))}) AS j ORDER BY j.key`
     )
   }
 
