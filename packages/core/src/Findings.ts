@@ -384,6 +384,15 @@ export const artifactUri = (path: string): string => {
   return uri.startsWith("//") ? `/.${uri}` : uri
 }
 
+/** The path an `artifactUri` was made from: `.` is the empty path; else a leading `/.` before `//` goes, then each segment is decoded. */
+export const pathOfArtifactUri = (uri: string): string =>
+  uri === "."
+    ? ""
+    : (uri.startsWith("/.//") ? uri.slice(2) : uri)
+        .split("/")
+        .map((segment) => decodeURIComponent(segment))
+        .join("/")
+
 /** The tool a SARIF log names. */
 export interface SarifTool {
   readonly name: string

@@ -119,14 +119,7 @@ const storedAt = (path: string, id = 1): Findings.Finding => ({
 
 const uriOf = (path: string): string => Findings.toSarif([storedAt(path)], { name: "scanfleet", version: "0" }).runs[0].results[0].locations[0].physicalLocation.artifactLocation.uri
 
-/** A SARIF uri read back as a path: `.` is the empty path; else a leading `/.` before `//` goes, then each segment is decoded. */
-const pathOfUri = (uri: string): string =>
-  uri === "."
-    ? ""
-    : (uri.startsWith("/.//") ? uri.slice(2) : uri)
-        .split("/")
-        .map((segment) => decodeURIComponent(segment))
-        .join("/")
+const pathOfUri = Findings.pathOfArtifactUri
 
 // RFC 3986, appendix B: a reference's scheme, authority, path, query and fragment.
 const parts = (uri: string) => {
