@@ -891,6 +891,20 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
           expect(all.count).toBe(4)
         }))
 
+      test("a duration's end instant is stored as Percentile.storedDurations gives it on every store: a fractional one rounded up, and a batch holding one that is no instant (NaN, infinite, past the date range) refused whole", (s) =>
+        Effect.gen(function* () {
+          for (const at of [Number.NaN, Number.POSITIVE_INFINITY, Number.NEGATIVE_INFINITY, Percentile.maxInstant + 1]) {
+            const refused = yield* Effect.flip(s.recordDurations([d("gitlab", "end_to_end", "clean", 5, T0 + 1), d("gitlab", "end_to_end", "clean", 5, at)]))
+            expect(refused).toMatchObject({ _tag: "StoreError", reason: "invalid" })
+          }
+          expect(yield* s.percentiles({ from: Number.NEGATIVE_INFINITY, to: Number.POSITIVE_INFINITY, source: "gitlab", minSamples: 1 })).toEqual([])
+          yield* s.recordDurations([d("gitlab", "end_to_end", "clean", 7, T0 + 1.25), d("gitlab", "end_to_end", "clean", 7, -Percentile.maxInstant)])
+          // 1.25 is kept as 2: in [2, 3), not in [1, 2)
+          expect(yield* s.percentiles({ from: T0 + 1, to: T0 + 2, source: "gitlab", minSamples: 1 })).toEqual([])
+          expect((yield* s.percentiles({ from: T0 + 2, to: T0 + 3, source: "gitlab", minSamples: 1 })).map((r) => r.count)).toEqual([1])
+          expect((yield* s.percentiles({ from: Number.NEGATIVE_INFINITY, to: T0, source: "gitlab", minSamples: 1 })).map((r) => r.count)).toEqual([1])
+        }))
+
       test("percentiles of any window [from, to) are within Percentile.accuracy of the exact percentiles of the durations inside it, across hour and day edges", (s) =>
         Effect.gen(function* () {
           // Durations over three days, so windows cut days and hours at arbitrary points.

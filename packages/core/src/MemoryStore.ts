@@ -273,7 +273,11 @@ export const make = (): StoreShape => {
           .slice(0, q.limit)
       ),
 
-    recordDurations: (ds) => Effect.sync(() => void durations.push(...ds.map((d) => ({ ...d, ms: Percentile.storedMs(d.ms) })))),
+    recordDurations: (ds) =>
+      Effect.suspend(() => {
+        const stored = Percentile.storedDurations(ds)
+        return stored === undefined ? Effect.fail(Percentile.unstorable()) : Effect.sync(() => void durations.push(...stored))
+      }),
 
     percentiles: (query) =>
       Effect.sync(() => {

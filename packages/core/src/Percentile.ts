@@ -1,4 +1,5 @@
 import { z } from "zod"
+import { StoreError } from "./Errors.js"
 
 /** The duration metrics recorded when an assignment ends. */
 export const metrics = ["end_to_end", "scanning", "cleanup", "bundling", "upload"] as const
@@ -97,9 +98,23 @@ export const maxInstant = 8_640_000_000_000_000
  */
 export const windowOf = (from: number, to: number): { readonly from: number; readonly to: number } => {
   if (Number.isNaN(from) || Number.isNaN(to)) return { from: 0, to: 0 }
-  const bound = (t: number) => Math.min(maxInstant, Math.max(-maxInstant, Math.ceil(t)))
-  return { from: bound(from), to: bound(to) }
+  return { from: instantOf(from), to: instantOf(to) }
 }
+
+// An instant rounded up to a whole millisecond and clamped to JavaScript's date range.
+const instantOf = (t: number): number => Math.min(maxInstant, Math.max(-maxInstant, Math.ceil(t)))
+
+/**
+ * Durations as every store keeps them: `ms` as `storedMs` gives it, and the instant each ended
+ * (`at`) rounded up to a whole millisecond, as `windowOf` reads a window's bounds. A batch holding
+ * an `at` that is not an instant of JavaScript's date range (NaN, infinite, beyond `maxInstant`)
+ * is `undefined`: every store refuses the whole batch.
+ */
+export const storedDurations = <D extends { readonly ms: number; readonly at: number }>(ds: ReadonlyArray<D>): ReadonlyArray<D> | undefined =>
+  ds.every((d) => Math.abs(d.at) <= maxInstant) ? ds.map((d) => ({ ...d, ms: storedMs(d.ms), at: instantOf(d.at) })) : undefined
+
+/** What every store answers for a batch `storedDurations` refuses. */
+export const unstorable = (): StoreError => new StoreError({ reason: "invalid", message: "a duration's at (when it ended) must be an instant in ms within JavaScript's date range" })
 
 /** The bucket of 0 (and of every duration below `floorMs`); below every other bucket. */
 export const zeroBucket = -100_000

@@ -425,9 +425,13 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
     // A bulk write: on Postgres its trigger upserts the rollups at once instead of leaving
     // deltas for a reader to fold (see migration 0005).
     recordDurations: (ds) =>
-      isPg && ds.length > 0
-        ? retryConflicts(mapped(sql.withTransaction(Effect.zipRight(sql`SELECT set_config('scanfleet.rollups_direct', 'on', true)`, insertDurations(ds)))))
-        : mapped(insertDurations(ds)),
+      Effect.suspend(() => {
+        const stored = Percentile.storedDurations(ds)
+        if (stored === undefined) return Effect.fail(Percentile.unstorable())
+        return isPg && stored.length > 0
+          ? retryConflicts(mapped(sql.withTransaction(Effect.zipRight(sql`SELECT set_config('scanfleet.rollups_direct', 'on', true)`, insertDurations(stored)))))
+          : mapped(insertDurations(stored))
+      }),
 
     percentiles: (q) => {
       const filters = (time: Statement.Fragment) => {
