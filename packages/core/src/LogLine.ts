@@ -31,13 +31,23 @@ export const format = (entry: Entry, layout: Format): string => {
   if (layout === "json") {
     const out: Record<string, unknown> = { time: new Date(entry.time).toISOString(), level: entry.level, message: entry.message }
     for (const [k, v] of Object.entries(entry.fields)) out[reserved.has(k) ? `_${k}` : k] = v
-    return JSON.stringify(out, (_k, v: unknown) => (typeof v === "bigint" ? v.toString() : v instanceof Error ? { name: v.name, message: v.message } : v))
+    return inert(JSON.stringify(out, (_k, v: unknown) => (typeof v === "bigint" ? v.toString() : v instanceof Error ? { name: v.name, message: v.message } : v)))
   }
   const fields = Object.entries(entry.fields)
-    .map(([k, v]) => `${k}=${typeof v === "string" && !/\s|"/.test(v) ? v : JSON.stringify(v)}`)
+    .map(([k, v]) => `${k}=${typeof v === "string" && !/\s|"/.test(v) && !unsafe.test(v) ? v : inert(JSON.stringify(v) ?? String(v))}`)
     .join(" ")
-  return `${new Date(entry.time).toISOString().slice(11, 23)} ${entry.level.toUpperCase().padEnd(7)} ${entry.message}${fields ? `  ${fields}` : ""}`
+  return `${new Date(entry.time).toISOString().slice(11, 23)} ${entry.level.toUpperCase().padEnd(7)} ${entry.message.replace(unsafeAll, (c) => (c === "\n" || c === "\t" ? c : escaped(c)))}${fields ? `  ${fields}` : ""}`
 }
+
+// What a terminal or a log reader may act on, beyond the C0 controls JSON escapes: DEL and the
+// C1 controls, line and paragraph separators, bidirectional controls.
+const unsafe = /[\u0000-\u001f\u007f-\u009f\u2028\u2029\u202a-\u202e\u2066-\u2069]/
+const unsafeAll = new RegExp(unsafe.source, "g")
+
+const escaped = (c: string) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`
+
+// JSON text with every such character as a \u escape: the same JSON value, inert on a terminal.
+const inert = (json: string): string => json.replace(unsafeAll, escaped)
 
 /** Reads a JSON log line back (the demo and tests read logs); `null` for anything that is not one. */
 export const parse = (line: string): Entry | null => {

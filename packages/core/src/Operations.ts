@@ -26,7 +26,8 @@ export const actions = [
   "resume_source",
   "set_device_sources",
   "revoke_device",
-  "apply_config"
+  "apply_config",
+  "register_device"
 ] as const
 /** One audited operator action. */
 export type Action = (typeof actions)[number]

@@ -43,6 +43,36 @@ export const refuseString = (s: string, max: number): string | undefined => {
   return undefined
 }
 
+/** Longest name of who acts (the `X-Scanfleet-Actor` header, the command line's `--by`), in characters. */
+export const maxActorLength = 200
+
+// C0 and C1 controls (DEL among them), and bidirectional embeddings, overrides and isolates.
+const controlCharacter = /[\u0000-\u001F\u007F-\u009F]/
+const bidiControl = /[\u202A-\u202E\u2066-\u2069]/
+
+/**
+ * Why a name shown to operators (a device name, a target's identity, who acted) could be
+ * misread, if it could: a control character (C0 or C1: a terminal or log reader acts on it), a
+ * bidirectional control (it makes a name read as another one), or white space at either end.
+ */
+export const labelProblem = (s: string): string | undefined => {
+  if (controlCharacter.test(s)) return "contains a control character"
+  if (bidiControl.test(s)) return "contains a bidirectional control character"
+  if (s.trim() !== s) return "starts or ends with white space"
+  return undefined
+}
+
+/** A name shown to operators: `labelProblem` refuses it with its reason. */
+const label = (max: number) =>
+  z
+    .string()
+    .min(1)
+    .max(max)
+    .superRefine((s, ctx) => {
+      const why = labelProblem(s)
+      if (why) ctx.addIssue({ code: z.ZodIssueCode.custom, message: why })
+    })
+
 /** Where a JSON value breaks the edge's limits, and how. */
 export interface EdgeIssue {
   readonly path: ReadonlyArray<string | number>
@@ -246,7 +276,7 @@ export const PercentileQuery = z
 export const TargetCounts = z.array(z.object({ source: SourceSchema, status: StatusSchema, count: z.number().int() }).strict())
 
 /** POST /v1/admin/devices */
-export const DeviceCreate = z.object({ name: z.string().min(1).max(200), slots: z.number().int().min(1).max(1024) }).strict()
+export const DeviceCreate = z.object({ name: label(200), slots: z.number().int().min(1).max(1024) }).strict()
 
 /** POST /v1/assignments/:id/release: gives an active reservation back to the queue. */
 export const ReleaseRequest = z.object({ fence: z.number().int().min(0) }).strict()

@@ -41,3 +41,22 @@ describe("LogLine.toConsole", () => {
     expect(seen).toHaveLength(1)
   })
 })
+
+describe("LogLine.format", () => {
+  // ESC (a terminal's escape sequences), BEL, DEL, C1 controls (U+009B is CSI), a line separator and a bidirectional override
+  const hostile = "dev\u001b]0;pwned\u0007\u001b[2J\u007f\u009b31m\u2028\u202e"
+  const entry: LogLine.Entry = { time: 0, level: "info", message: `registered ${hostile}`, fields: { name: hostile, plain: "scanner-1" } }
+
+  it("no line in either format carries a character a terminal or log reader acts on (C0, DEL, C1, line separators, bidirectional controls), and each reads back as the same value", () => {
+    for (const layout of LogLine.formats) {
+      const line = LogLine.format(entry, layout)
+      // eslint-disable-next-line no-control-regex
+      expect(line, layout).not.toMatch(/[\u0000-\u001f\u007f-\u009f\u2028\u2029\u202a-\u202e\u2066-\u2069]/)
+    }
+    const json = LogLine.parse(LogLine.format(entry, "json"))
+    expect(json).toMatchObject({ message: entry.message, fields: { name: hostile, plain: "scanner-1" } })
+    const pretty = LogLine.format(entry, "pretty")
+    expect(pretty).toContain("plain=scanner-1")
+    expect(JSON.parse(/name=("(?:[^"\\]|\\.)*")/.exec(pretty)![1])).toBe(hostile)
+  })
+})

@@ -30,7 +30,8 @@ export const client = (flags: Map<string, string>, env: Record<string, string | 
   const base = (flags.get("server") ?? env.SCANFLEET_SERVER_URL ?? "http://127.0.0.1:8080").replace(/\/+$/, "")
   const token = env.SCANFLEET_ADMIN_TOKEN
   if (!token) throw new UsageError("SCANFLEET_ADMIN_TOKEN must hold the server's admin token")
-  const actor = flags.get("actor") ?? env.USER ?? "cli"
+  // A header carries bytes: the actor's UTF-8 bytes, one character each, as fetch sends a header.
+  const actor = Buffer.from(flags.get("actor") ?? env.USER ?? "cli", "utf8").toString("latin1")
   return async (method: string, path: string, body?: unknown): Promise<Answer> => {
     const res = await fetch(base + path, {
       method,

@@ -4,6 +4,7 @@ import { Clock, Effect, Either } from "effect"
 import type { z } from "zod"
 import { ApiError, fromNotFound, fromStoreError } from "./ApiError.js"
 import * as Auth from "./Auth.js"
+import * as Audited from "./internal/Audited.js"
 import * as Managed from "./internal/Managed.js"
 import * as Request from "./internal/Request.js"
 import { Settings } from "./ServerConfig.js"
@@ -11,7 +12,7 @@ import * as Tokens from "./Tokens.js"
 import * as Views from "./Views.js"
 
 const ok = (body: unknown, status = 200) => HttpServerResponse.unsafeJson(body, { status })
-const storeOp = <A>(e: Effect.Effect<A, Errors.NotFound | Errors.StoreError>) =>
+const storeOp = <A, R>(e: Effect.Effect<A, Errors.NotFound | Errors.StoreError, R>) =>
   Effect.mapError(e, (err) => (err._tag === "NotFound" ? fromNotFound(err) : fromStoreError(err)))
 
 /** Each source's effective policy under a document. */
@@ -46,11 +47,8 @@ const apply = Effect.gen(function* () {
   yield* Auth.admin({ cookie: false })
   const doc = yield* validated
   const by = yield* Request.actorHeader
-  const store = yield* Store.Store
   const now = yield* Clock.currentTimeMillis
-  const v = yield* storeOp(store.applyConfig(doc, by, now))
-  const ops = yield* Operations.Operations
-  yield* storeOp(ops.audit("apply_config", "config", { version: v.version }, { who: by, why: `version ${v.version}`, now }))
+  const v = yield* storeOp(Audited.applyConfig(doc, by, now))
   yield* Effect.logInfo("configuration applied").pipe(Effect.annotateLogs({ version: v.version, appliedBy: by }))
   return ok(configView(v), 201)
 })
@@ -79,10 +77,10 @@ const addDevice = Effect.gen(function* () {
   yield* Auth.admin({ cookie: false })
   const settings = yield* Settings
   const req = yield* Request.body(WorkerApi.DeviceCreate, settings.maxBodyBytes)
-  const store = yield* Store.Store
+  const by = yield* Request.actorHeader
   const now = yield* Clock.currentTimeMillis
   const token = Tokens.generate()
-  const d = yield* storeOp(store.addDevice({ name: req.name, slots: req.slots, tokenHash: Tokens.hash(token), now }))
+  const d = yield* storeOp(Audited.addDevice({ name: req.name, slots: req.slots, tokenHash: Tokens.hash(token) }, by, now))
   yield* Effect.logInfo("device registered").pipe(Effect.annotateLogs({ deviceId: d.id, name: d.name, slots: d.slots }))
   return ok({ device: Views.device(d), token }, 201)
 })

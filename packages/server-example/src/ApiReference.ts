@@ -130,8 +130,9 @@ export const admin: ReadonlyArray<Endpoint> = [
     method: "POST",
     path: "/v1/admin/devices",
     auth: "admin",
-    summary: "Registers a device. The token is in this response only; the server keeps its SHA-256.",
+    summary: "Registers a device. The token is in this response only; the server keeps its SHA-256. The name is at most 200 characters, without control characters, bidirectional controls or white space at either end. Audited as `register_device` (the optional `X-Scanfleet-Actor` header names who, default `admin`).",
     body: WorkerApi.DeviceCreate,
+    headers: { "X-Scanfleet-Actor": maxActorLength },
     example: { name: "scanner-01", slots: 4 },
     response: { status: 201, schema: WorkerApi.DeviceCreated }
   },

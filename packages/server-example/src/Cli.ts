@@ -1,10 +1,11 @@
 import { Args, Command, Options } from "@effect/cli"
 import { NodeHttpClient } from "@effect/platform-node"
-import { Config as ManagedConfig, LogLine, Store } from "@scanfleet/core"
+import { Config as ManagedConfig, LogLine, type Operations, type Store, WorkerApi } from "@scanfleet/core"
 import { CommandLine } from "@scanfleet/worker"
 import { Clock, Effect, Either, FiberRef, Layer, type LogLevel, Option, Redacted } from "effect"
 import { readFileSync } from "node:fs"
 import * as AdminCommands from "./AdminCommands.js"
+import * as Audited from "./internal/Audited.js"
 import pkg from "../package.json" with { type: "json" }
 import * as Database from "./Database.js"
 import * as FindingCli from "./FindingCli.js"
@@ -113,8 +114,15 @@ const settings = (given: Given, env: Record<string, string | undefined>, needAdm
     })
   })
 
-const withStore = <A, E>(config: ServerConfig.ServerConfig, f: (store: Store.StoreShape) => Effect.Effect<A, E>) =>
-  Effect.flatMap(Store.Store, f).pipe(Effect.provide(Database.layer(config.databaseUrl, { poolSize: config.poolSize, prepare: config.pgPrepare })))
+const withStore = <A, E>(config: ServerConfig.ServerConfig, f: Effect.Effect<A, E, Store.Store | Operations.Operations>) =>
+  f.pipe(Effect.provide(Database.layer(config.databaseUrl, { poolSize: config.poolSize, prepare: config.pgPrepare })))
+
+// Who acts, for the audit log: --by, else $USER, as the admin API reads X-Scanfleet-Actor.
+const actorOf = (by: Option.Option<string>) => {
+  const who = Option.getOrElse(by, () => process.env.USER ?? "cli").trim() || "cli"
+  const why = WorkerApi.labelProblem(who) ?? WorkerApi.refuseString(who, WorkerApi.maxActorLength)
+  return why ? Effect.fail(new CommandLine.UsageError({ message: `--by (or $USER) ${why}` })) : Effect.succeed(who)
+}
 
 const readDocument = (file: string) =>
   Effect.try({
@@ -154,7 +162,7 @@ const serve = Command.make("serve", serveOptions, (o) =>
 const migrate = Command.make("migrate", common, (o) =>
   Effect.gen(function* () {
     const config = yield* settings(o, process.env, false)
-    yield* withStore(config, () => Effect.void)
+    yield* withStore(config, Effect.void)
     yield* CommandLine.print(`schema up to date: ${Database.redact(config.databaseUrl)}`)
   })
 ).pipe(Command.withDescription("bring the database schema up to date and exit"))
@@ -164,14 +172,18 @@ const deviceAdd = Command.make(
   {
     ...common,
     name: Options.text("name").pipe(Options.withDescription("the device's name")),
+    by: described(Options.text("by"), "who registers it, for the audit log (default $USER)", "USER"),
     slots: Options.integer("slots").pipe(Options.withDescription("how many assignments it runs at once, 1 to 1024"), Options.withDefault(1))
   },
   (o) =>
     Effect.gen(function* () {
       const config = yield* settings(o, process.env, false)
       if (!Number.isInteger(o.slots) || o.slots < 1 || o.slots > 1024) return yield* new CommandLine.UsageError({ message: "--slots must be an integer from 1 to 1024" })
+      const named = WorkerApi.DeviceCreate.shape.name.safeParse(o.name)
+      if (!named.success) return yield* new CommandLine.UsageError({ message: `--name ${named.error.issues.map((i) => i.message).join("; ")}` })
+      const by = yield* actorOf(o.by)
       const token = Tokens.generate()
-      const d = yield* withStore(config, (store) => Effect.flatMap(Clock.currentTimeMillis, (now) => store.addDevice({ name: o.name, slots: o.slots, tokenHash: Tokens.hash(token), now })))
+      const d = yield* withStore(config, Effect.flatMap(Clock.currentTimeMillis, (now) => Audited.addDevice({ name: o.name, slots: o.slots, tokenHash: Tokens.hash(token) }, by, now)))
       yield* CommandLine.printError(`device ${d.id} "${d.name}" registered with ${d.slots} slot(s). Its token is shown once; store it now:`)
       yield* CommandLine.print(token)
     })
@@ -209,8 +221,8 @@ const apply = Command.make(
     Effect.gen(function* () {
       const doc = yield* validated(o.file)
       const config = yield* settings(o, process.env, false)
-      const by = Option.getOrElse(o.by, () => process.env.USER ?? "cli")
-      const v = yield* withStore(config, (store) => Effect.flatMap(Clock.currentTimeMillis, (now) => store.applyConfig(doc, by, now)))
+      const by = yield* actorOf(o.by)
+      const v = yield* withStore(config, Effect.flatMap(Clock.currentTimeMillis, (now) => Audited.applyConfig(doc, by, now)))
       yield* CommandLine.print(`applied as version ${v.version} by ${v.appliedBy}`)
     })
 ).pipe(Command.withDescription("validate a managed configuration document and store it as the next version"))

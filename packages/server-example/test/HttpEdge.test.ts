@@ -286,11 +286,13 @@ describe("the HTTP edge, byte for byte, on SQLite", () => {
         "POST /v1/admin/devices/:id/sources": { sources: [], ...reason }
       }
       const body = bodies[`${e.method} ${e.path}`] ?? e.example ?? (e.body ? reason : undefined)
-      for (const actor of ["a".repeat(201), "carol\tx"]) {
+      // too long, a C0 control, a C1 control and a bidirectional override (sent as UTF-8), and bytes that are not UTF-8 (Latin-1)
+      for (const actor of ["a".repeat(201), "carol\tx", "carol\u009b2J", "carol\u202eevil", Buffer.from("Léon", "latin1")]) {
         const text = body === undefined ? "" : JSON.stringify(body)
-        const request = [`${e.method} ${path} HTTP/1.1`, "Host: 127.0.0.1", `Authorization: Bearer ${adminToken}`, `X-Scanfleet-Actor: ${actor}`, ...(body === undefined ? [] : ["Content-Type: application/json", `Content-Length: ${Buffer.byteLength(text)}`]), "Connection: close"]
-        const r = await exchange(port, `${request.join("\r\n")}\r\n\r\n${text}`)
-        expectRefusal(r, 400, "invalid_header", `${e.method} ${path} with an actor of ${actor.length} characters`)
+        const head = [`${e.method} ${path} HTTP/1.1`, "Host: 127.0.0.1", `Authorization: Bearer ${adminToken}`, "X-Scanfleet-Actor: "].join("\r\n")
+        const rest = ["", ...(body === undefined ? [] : ["Content-Type: application/json", `Content-Length: ${Buffer.byteLength(text)}`]), "Connection: close"].join("\r\n")
+        const r = await exchange(port, Buffer.concat([Buffer.from(head), typeof actor === "string" ? Buffer.from(actor) : actor, Buffer.from(`${rest}\r\n\r\n${text}`)]))
+        expectRefusal(r, 400, "invalid_header", `${e.method} ${path} with the actor ${JSON.stringify(String(actor).slice(0, 20))}`)
       }
     }
     expect(await snapshot()).toEqual(before)
@@ -298,6 +300,11 @@ describe("the HTTP edge, byte for byte, on SQLite", () => {
     const ok = await exchange(port, http11("POST", "/v1/admin/sources/gitlab/pause", adminToken, reason).replace("Connection: close", `X-Scanfleet-Actor:   ${"c".repeat(200)}  \r\nConnection: close`))
     expect(ok.status, ok.text).toBe(200)
     expect((await s.admin("GET", "/v1/admin/audit?limit=1")).body.entries[0].who).toBe("c".repeat(200))
+    // a name beyond Latin-1, sent as UTF-8 as curl sends it, is kept as written
+    const named = await exchange(port, http11("POST", "/v1/admin/sources/gitlab/resume", adminToken, reason).replace("Connection: close", "X-Scanfleet-Actor: Łukasz Żółć 👩‍💻\r\nConnection: close"))
+    expect(named.status, named.text).toBe(200)
+    expect((await s.admin("GET", "/v1/admin/audit?limit=1")).body.entries[0].who).toBe("Łukasz Żółć 👩‍💻")
+    await s.admin("POST", "/v1/admin/sources/gitlab/pause", reason)
     expect((await exchange(port, http11("POST", "/v1/admin/sources/gitlab/resume", adminToken, reason))).status).toBe(200)
   })
 

@@ -1,5 +1,5 @@
 import type { z } from "zod"
-import { RemoteTimestamp, type Source } from "@scanfleet/core"
+import { RemoteTimestamp, type Source, WorkerApi } from "@scanfleet/core"
 import type { MalformedRecord, SourceRecord } from "./SourceClient.js"
 import { describeIssues } from "./SourceHttp.js"
 
@@ -18,9 +18,6 @@ export const guessIdentity = (raw: unknown, fields: ReadonlyArray<string>): stri
 export const maxIdentityBytes = 1024
 
 const unpairedSurrogate = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/
-const controlCharacter = /[\u0000-\u001F\u007F-\u009F]/
-// Bidirectional embeddings, overrides and isolates: they make a listed name read as another one.
-const bidiControl = /[\u202A-\u202E\u2066-\u2069]/
 
 /**
  * Why an identity cannot be stored exactly as the API sent it, or null when it
@@ -28,13 +25,12 @@ const bidiControl = /[\u202A-\u202E\u2066-\u2069]/
  * surrogate (so the stored identity would differ from the listed one), and a
  * huge name overflows the unique index: any of these would fail the whole
  * batch, so such a record is set aside as malformed instead. So is a name no
- * source allows and an operator could misread: a control character (C0 or
- * C1), a bidirectional control, white space at either end.
+ * source allows and an operator could misread (core's `WorkerApi.labelProblem`).
  */
 export const identityProblem = (identity: string): string | null => {
-  if (controlCharacter.test(identity)) return "the identity contains a control character"
-  if (bidiControl.test(identity)) return "the identity contains a bidirectional control character"
-  if (identity.trim() !== identity || identity === "") return "the identity is empty or starts or ends with white space"
+  if (identity === "") return "the identity is empty"
+  const why = WorkerApi.labelProblem(identity)
+  if (why) return `the identity ${why}`
   if (unpairedSurrogate.test(identity)) return "the identity is not valid Unicode (an unpaired surrogate)"
   const bytes = new TextEncoder().encode(identity).length
   if (bytes > maxIdentityBytes) return `the identity is ${bytes} bytes long; at most ${maxIdentityBytes} are stored`

@@ -146,22 +146,33 @@ export const query = <S extends z.ZodType>(schema: S, omit: ReadonlyArray<string
   })
 
 /**
- * An optional text header, refused with 400 when it holds a NUL or a control
- * character or exceeds `max` characters (a header is never silently cut).
+ * An optional text header, its bytes read as UTF-8: refused with 400 when they are not UTF-8, or
+ * when it holds a NUL, a control character (C0 or C1) or a bidirectional control, or exceeds `max`
+ * characters (a header is never silently cut).
  */
 export const textHeader = (name: string, max: number): Effect.Effect<string | undefined, ApiError, HttpServerRequest.HttpServerRequest> =>
   Effect.flatMap(HttpServerRequest.HttpServerRequest, (req) => {
-    const v = req.headers[name.toLowerCase()]
-    if (v === undefined) return Effect.succeed(undefined)
-    // eslint-disable-next-line no-control-regex
-    const why = /[\u0000-\u001f\u007f]/.test(v) ? "contains a control character" : refuseString(v, max)
-    return why
-      ? Effect.fail(new ApiError({ status: 400, error: "invalid_header", message: `the ${name} header ${why}`, issues: [{ path: ["headers", name.toLowerCase()], message: why }] }))
-      : Effect.succeed(v)
+    const raw = req.headers[name.toLowerCase()]
+    if (raw === undefined) return Effect.succeed(undefined)
+    // Node reads a header's bytes one character each (Latin-1); clients send UTF-8.
+    let v: string | undefined
+    try {
+      v = utf8.decode(Buffer.from(raw, "latin1"))
+    } catch {
+      v = undefined
+    }
+    if (v === undefined) return Effect.fail(badHeader(name, "is not UTF-8"))
+    const why = WorkerApi.labelProblem(v.trim()) ?? refuseString(v, max)
+    return why ? Effect.fail(badHeader(name, why)) : Effect.succeed(v)
   })
 
+const utf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true })
+
+const badHeader = (name: string, why: string) =>
+  new ApiError({ status: 400, error: "invalid_header", message: `the ${name} header ${why}`, issues: [{ path: ["headers", name.toLowerCase()], message: why }] })
+
 /** Longest \`X-Scanfleet-Actor\` header accepted, in characters. */
-export const maxActorLength = 200
+export const maxActorLength = WorkerApi.maxActorLength
 
 /**
  * Who an operator request names itself (\`X-Scanfleet-Actor\`), trimmed, else \`admin\`: over
