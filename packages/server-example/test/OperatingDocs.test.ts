@@ -17,6 +17,8 @@ const root = fileURLToPath(new URL("../../../", import.meta.url))
 const page = "docs/operating.md"
 const adminToken = "operating-docs-admin-token-0123456789"
 const run = promisify(execFile)
+// $USER names who acts; beyond Latin-1, as a header carries it only as UTF-8 bytes.
+const operator = "docs-operator Łukasz"
 
 const dayTwoBlocks = (): Array<string> => {
   const text = readFileSync(join(root, page), "utf8")
@@ -70,7 +72,7 @@ describe(`${page}: the day-two tasks run as written`, { timeout: 180_000 }, () =
   const sh = async (code: string) => {
     const r = await run("bash", ["-euo", "pipefail", "-c", code], {
       cwd: root,
-      env: { ...process.env, PATH: `${shim}:${process.env.PATH}`, USER: "docs-operator" },
+      env: { ...process.env, PATH: `${shim}:${process.env.PATH}`, USER: operator },
       timeout: 60_000
     })
     return r.stdout
@@ -97,7 +99,7 @@ describe(`${page}: the day-two tasks run as written`, { timeout: 180_000 }, () =
 
     await sh(env + cancel)
     const gadgets = (await api("GET", "/v1/admin/targets/inspect?source=github&identity=acme/gadgets")).body
-    expect(gadgets.assignments[0].cancellation).toMatchObject({ who: "docs-operator", why: "stuck in acquiring for an hour" })
+    expect(gadgets.assignments[0].cancellation).toMatchObject({ who: operator, why: "stuck in acquiring for an hour" })
 
     const prioritised = await sh(env + priority)
     expect(prioritised).toContain('"priority": 50')
@@ -116,7 +118,7 @@ describe(`${page}: the day-two tasks run as written`, { timeout: 180_000 }, () =
     expect(probes).toContain('"ready":true')
 
     const audit = (await api("GET", "/v1/admin/audit?limit=50")).body.entries.map((e: any) => [e.action, e.who])
-    expect(audit).toEqual(expect.arrayContaining([["requeue", "docs-operator"], ["cancel", "docs-operator"], ["set_priority", "docs-operator"], ["pause_source", "docs-operator"], ["resume_source", "docs-operator"], ["revoke_device", "docs-operator"]]))
+    expect(audit).toEqual(expect.arrayContaining([["requeue", operator], ["cancel", operator], ["set_priority", operator], ["pause_source", operator], ["resume_source", operator], ["revoke_device", operator]]))
   })
 
   it("docs/examples/probes.yaml probes the two health endpoints the server serves", async () => {
