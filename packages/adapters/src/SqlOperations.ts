@@ -43,7 +43,7 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
   const sql = yield* SqlClient.SqlClient
   const isPg = sql.onDialectOrElse({ pg: () => true, orElse: () => false })
   const forUpdate = sql.literal(isPg ? " FOR UPDATE" : "")
-  const { revocationLock, inIds } = Dialect.of(sql)
+  const { revocationLock, reservationWriter, inIds } = Dialect.of(sql)
   const lockTarget = sql.literal(isPg ? " FOR UPDATE OF t" : "")
   // As the Store does: SQLite takes its write lock first, so a transaction never fails to upgrade.
   const writeLock = isPg ? Effect.void : sql`UPDATE targets SET fence = fence WHERE 0`
@@ -257,6 +257,7 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
     cancel: (reservationId, actor) =>
       transaction(
         Effect.gen(function* () {
+          if (isId(reservationId)) yield* reservationWriter
           const rows = isId(reservationId) ? yield* sql<Row>`SELECT ${sql.literal(Codec.assignmentColumns)} FROM assignments WHERE reservation_id = ${reservationId}${forUpdate}` : []
           if (rows.length === 0) return yield* new Errors.NotFound({ entity: "assignment", key: String(reservationId) })
           const a = Codec.assignment(rows[0])

@@ -33,6 +33,14 @@ export interface Dialect {
    * write lock already serialises them.
    */
   readonly revocationLock: Effect.Effect<unknown, SqlError.SqlError>
+  /**
+   * Taken before a transaction's first row lock on a reservation it will then update (a
+   * cancellation, a release, a result judged in a transaction): a writer's table lock first,
+   * as a single statement that updates the table takes it, so such a transaction and a
+   * revocation (`revocationLock`, then the device's row locks) wait for each other in one order
+   * instead of deadlocking. Nothing on SQLite.
+   */
+  readonly reservationWriter: Effect.Effect<unknown, SqlError.SqlError>
   /** The collation that groups raw rows by bytes, as the rollups' columns do. */
   readonly bytes: string
   /**
@@ -61,6 +69,7 @@ export const of = (sql: SqlClient.SqlClient): Dialect =>
       configLock: sql`SELECT pg_advisory_xact_lock(${CONFIG_LOCK})`,
       // Conflicts with writers (ROW EXCLUSIVE) and with itself; readers go on.
       revocationLock: sql`LOCK TABLE assignments IN SHARE ROW EXCLUSIVE MODE`,
+      reservationWriter: sql`LOCK TABLE assignments IN ROW EXCLUSIVE MODE`,
       bytes: ' COLLATE "C"',
       inIds: (ids) => sql` = ANY (${`{${ids.map((id) => Math.trunc(id)).join(",")}}`}::bigint[])`
     }),
@@ -73,6 +82,7 @@ export const of = (sql: SqlClient.SqlClient): Dialect =>
       capLock: Effect.void,
       configLock: Effect.void,
       revocationLock: Effect.void,
+      reservationWriter: Effect.void,
       bytes: "",
       inIds: (ids) => sql` IN (SELECT value FROM json_each(${JSON.stringify(ids.map((id) => Math.trunc(id)))}))`
     })

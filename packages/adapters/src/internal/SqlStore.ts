@@ -53,7 +53,10 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
   const loadAssignment = (reservationId: number, lock: boolean) =>
     isId(reservationId)
       ? Effect.map(
-          sql<Row>`SELECT ${sql.literal(Codec.assignmentColumns)} FROM assignments WHERE reservation_id = ${reservationId}${lock ? forUpdate : sql.literal("")}`,
+          Effect.zipRight(
+            lock ? dialect.reservationWriter : Effect.void,
+            sql<Row>`SELECT ${sql.literal(Codec.assignmentColumns)} FROM assignments WHERE reservation_id = ${reservationId}${lock ? forUpdate : sql.literal("")}`
+          ),
           (rows) => (rows.length === 0 ? undefined : Codec.assignment(rows[0]))
         )
       : Effect.succeed(undefined)
@@ -305,6 +308,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         Effect.gen(function* () {
           const limit = Math.max(0, Math.floor(req.limit))
           if (limit === 0) return []
+          yield* dialect.reservationWriter
           // SKIP LOCKED: two sweepers expire disjoint sets; a reservation being completed right now is left alone.
           // On PostgreSQL this reads assignments_active_expiry_idx, whose predicate `expires_at <= now` implies (0015).
           const due = (yield* sql<Row>`
