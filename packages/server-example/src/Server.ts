@@ -4,6 +4,7 @@ import { NodeHttpServer } from "@effect/platform-node"
 import { LogLine, Operations, type Store, WorkerApi } from "@scanfleet/core"
 import { Cause, Context, Deferred, Duration, Effect, FiberRef, Layer, Logger, LogLevel, Ref, Scheduler } from "effect"
 import { createServer, type Server as HttpNodeServer, type ServerResponse } from "node:http"
+import { readFileSync } from "node:fs"
 import * as AdminRoutes from "./AdminRoutes.js"
 import * as ApiReference from "./ApiReference.js"
 import { ApiError, toResponse } from "./ApiError.js"
@@ -265,6 +266,40 @@ export const logger = (level: ServerConfig["logLevel"], format: ServerConfig["lo
  * @example
  * const live = Server.layer(ServerConfig.make({ adminToken, port: 0 })).pipe(Layer.provide(MemoryStore.layer))
  */
+/**
+ * How the listener bounds a connection: idle between requests 5 s; a request's headers must
+ * arrive within 15 s and the whole request within 60 s (checked every second, so a stalled one
+ * is answered 408 within a second of its limit, not up to 30 s later). Silent connections
+ * therefore cannot accumulate for long; a flood from many addresses is a proxy's to stop.
+ */
+export const listenerOptions = {
+  keepAliveTimeout: 5_000,
+  headersTimeout: 15_000,
+  requestTimeout: 60_000,
+  connectionsCheckingInterval: 1_000,
+  // a request without Host is refused by `refusingMalformed`, with the JSON error body
+  requireHostHeader: false
+} as const
+
+/** File descriptors kept for the database, webhook deliveries and files when connections are counted against the limit. */
+export const reservedDescriptors = 256
+
+/**
+ * The most client connections open at once: the process's open-file limit less
+ * `reservedDescriptors` (read from /proc on Linux; 4,096 elsewhere). Past it a new connection is
+ * closed at once, so a flood of connections cannot take the descriptors the database needs.
+ */
+export const maxConnections = (): number => {
+  try {
+    const line = readFileSync("/proc/self/limits", "utf8").split("\n").find((l) => l.startsWith("Max open files"))
+    const soft = Number(line?.split(/\s{2,}/)[1])
+    if (Number.isSafeInteger(soft) && soft > 0) return Math.max(64, soft - reservedDescriptors)
+  } catch {
+    // not Linux: a fixed bound
+  }
+  return 4_096
+}
+
 export const layer = (
   config: ServerConfig
 ): Layer.Layer<Info | Metrics.Metrics | Store.Store | Operations.Operations | Settings, ServeError, Store.Store | Operations.Operations> => {
@@ -274,7 +309,8 @@ export const layer = (
     () => {
       stopping.since = null
       // `requireHostHeader: false`: a request without Host is refused by `refusingMalformed`, with the JSON error body
-      const server = Responses.settlingEnds(createServer({ keepAliveTimeout: 5000, requestTimeout: 60_000, requireHostHeader: false }))
+      const server = Responses.settlingEnds(createServer(listenerOptions))
+      server.maxConnections = maxConnections()
       return Responses.refusingMalformed(answeringLiveness(Responses.stoppable(server, config.shutdownGraceMs, () => void (stopping.since ??= Date.now()))))
     },
     {

@@ -40,6 +40,12 @@ export const ServerConfigSchema = z
     shutdownGraceMs: z.number().int().min(0).max(600_000).default(30_000),
     /** Upper bound of a JSON request body other than a result, bytes. */
     maxBodyBytes: z.number().int().min(1024).max(16 * 1024 * 1024).default(256 * 1024),
+    /**
+     * The most request body bytes held while they are uploaded, over every request at once: a body
+     * that would take the total past it is answered 503 `server_busy` with `Retry-After`. At least
+     * a result's 1 MiB.
+     */
+    maxBodyBytesInFlight: z.number().int().min(1024 * 1024).max(64 * 1024 * 1024 * 1024).default(256 * 1024 * 1024),
     /** Connection pool size for PostgreSQL. */
     poolSize: z.number().int().min(1).max(200).default(10),
     /** PostgreSQL: run the hot statements as prepared statements; off behind a pooler that cannot carry them (PgBouncer in transaction mode before 1.21). */

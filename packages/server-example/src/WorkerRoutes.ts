@@ -81,8 +81,9 @@ const progress = Effect.gen(function* () {
   const device = yield* Auth.device
   const id = yield* Request.idParam("id")
   const settings = yield* Settings
-  const req = yield* Request.body(WorkerApi.ProgressRequest, settings.maxBodyBytes)
+  // Whose reservation it is, before a byte of the body is read: a device uploads only to its own.
   yield* owned(id, device.id)
+  const req = yield* Request.body(WorkerApi.ProgressRequest, settings.maxBodyBytes)
   const store = yield* Store.Store
   const now = yield* Clock.currentTimeMillis
   const r = yield* store.appendProgress({ deviceId: device.id, reservationId: id, fence: req.fence, now }, req.events).pipe(
@@ -102,8 +103,8 @@ const progress = Effect.gen(function* () {
 const result = Effect.gen(function* () {
   const device = yield* Auth.device
   const id = yield* Request.idParam("id")
-  const req = yield* Request.body(WorkerApi.ResultRequest, WorkerApi.maxResultBytes)
   const a = yield* owned(id, device.id)
+  const req = yield* Request.body(WorkerApi.ResultRequest, WorkerApi.maxResultBytes)
   // Findings are checked for what will be stored: a result the store refuses or answers with its first
   // receipt (another fence, an ended reservation) stores no body, and its authority is judged first.
   const findings = a.state === "active" && a.fence === req.fence ? yield* FindingIntake.accept(req.findings, yield* Settings) : []
@@ -121,8 +122,8 @@ const release = Effect.gen(function* () {
   const device = yield* Auth.device
   const id = yield* Request.idParam("id")
   const settings = yield* Settings
-  const req = yield* Request.body(WorkerApi.ReleaseRequest, settings.maxBodyBytes)
   yield* owned(id, device.id)
+  const req = yield* Request.body(WorkerApi.ReleaseRequest, settings.maxBodyBytes)
   const store = yield* Store.Store
   const now = yield* Clock.currentTimeMillis
   const a = yield* store

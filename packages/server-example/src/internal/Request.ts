@@ -4,6 +4,7 @@ import { WorkerApi } from "@scanfleet/core"
 import { Effect } from "effect"
 import type { z } from "zod"
 import { ApiError, invalid } from "../ApiError.js"
+import { Settings } from "../ServerConfig.js"
 import * as Url from "./Url.js"
 
 const tooLarge = (limit: number) =>
@@ -15,26 +16,51 @@ const tooLarge = (limit: number) =>
     close: true
   })
 
+// The request body bytes this process holds while reading them (bounded by each server's
+// `maxBodyBytesInFlight` setting).
+let bodyBytesInFlight = 0
+
+/** What reading bodies holds now, in bytes. */
+export const bodyBytesHeld = (): number => bodyBytesInFlight
+
+const busy = (budget: number) =>
+  new ApiError({
+    status: 503,
+    error: "server_busy",
+    message: `the server holds its ${budget} bytes of request bodies being uploaded (maxBodyBytesInFlight); retry later`,
+    retryAfter: 1,
+    close: true
+  })
+
 /**
  * The raw body as text, read by us so an oversized one is answered with 413 the moment the
  * limit is crossed, chunked or not: the rest is never read, and the connection is closed
  * after the answer rather than kept open to swallow what the client still sends. JSON bodies
- * and the console's forms are both read this way.
+ * and the console's forms are both read this way. What it holds counts against the server's
+ * `maxBodyBytesInFlight` until the body is complete or refused: past it, 503 `server_busy`
+ * with `Retry-After` (the connection closed, the rest unread), so slow or stalled uploads
+ * cannot grow the server without bound, however many connections carry them.
  */
-export const readBody = (limit: number) =>
-  Effect.flatMap(HttpServerRequest.HttpServerRequest, (req) => {
+export const readBody = (limit: number): Effect.Effect<string, ApiError, HttpServerRequest.HttpServerRequest | Settings> =>
+  Effect.flatMap(Effect.zip(HttpServerRequest.HttpServerRequest, Settings), ([req, settings]) => {
+    const budget = settings.maxBodyBytesInFlight
     const declared = Number(req.headers["content-length"] ?? Number.NaN)
     if (Number.isFinite(declared) && declared > limit) return Effect.fail(tooLarge(limit))
     const msg = NodeHttpServerRequest.toIncomingMessage(req)
     return Effect.async<string, ApiError>((resume) => {
       const chunks: Array<Buffer> = []
       let size = 0
-      const onData = (c: Buffer) => {
-        size += c.length
-        if (size <= limit) return void chunks.push(c)
+      const stop = (e: ApiError) => {
         cleanup()
         msg.pause()
-        resume(Effect.fail(tooLarge(limit)))
+        resume(Effect.fail(e))
+      }
+      const onData = (c: Buffer) => {
+        if (size + c.length > limit) return stop(tooLarge(limit))
+        if (bodyBytesInFlight + c.length > budget) return stop(busy(budget))
+        size += c.length
+        bodyBytesInFlight += c.length
+        chunks.push(c)
       }
       const onEnd = () => {
         cleanup()
@@ -44,7 +70,10 @@ export const readBody = (limit: number) =>
         cleanup()
         resume(Effect.fail(new ApiError({ status: 400, error: "body_unreadable", message: "the request body could not be read", issues: [{ path: [], message: "the body could not be read" }] })))
       }
+      let held = true
       const cleanup = () => {
+        if (held) bodyBytesInFlight -= size
+        held = false
         msg.off("data", onData)
         msg.off("end", onEnd)
         msg.off("error", onError)
@@ -87,7 +116,7 @@ export const refuseString = WorkerApi.refuseString
  * crossed), nested deeper than `WorkerApi.maxJsonDepth`, malformed, or with a
  * string or key that holds a NUL, an unpaired surrogate or too many characters (400).
  */
-export const json = (limit: number): Effect.Effect<unknown, ApiError, HttpServerRequest.HttpServerRequest> =>
+export const json = (limit: number): Effect.Effect<unknown, ApiError, HttpServerRequest.HttpServerRequest | Settings> =>
   Effect.flatMap(readBody(limit), (text) => {
     const deep = depthPast(text, WorkerApi.maxJsonDepth)
     if (deep !== undefined)
@@ -119,7 +148,7 @@ export const json = (limit: number): Effect.Effect<unknown, ApiError, HttpServer
   })
 
 /** Reads and validates a JSON body with a zod schema. */
-export const body = <S extends z.ZodType>(schema: S, limit: number): Effect.Effect<z.output<S>, ApiError, HttpServerRequest.HttpServerRequest> =>
+export const body = <S extends z.ZodType>(schema: S, limit: number): Effect.Effect<z.output<S>, ApiError, HttpServerRequest.HttpServerRequest | Settings> =>
   Effect.flatMap(json(limit), (value) => {
     const r = schema.safeParse(value)
     return r.success ? Effect.succeed(r.data as z.output<S>) : Effect.fail(invalid("body", r.error))
