@@ -108,7 +108,7 @@ export const findingConformance = (name: string, make: MakeStores, capabilities:
         expect(yield* f.scan(first.reservationId)).toMatchObject({ new: 2, present: 0, resolved: 0 })
         const second = yield* scan(s, d.id, "o/limits", T0 + 10 * MIN, [ps[0]])
         expect(yield* f.scan(second.reservationId)).toMatchObject({ new: 0, present: 1, resolved: 1 })
-        const t = yield* f.forTarget("github", "o/limits")
+        const t = yield* f.forTarget({ source: "github", identity: "o/limits", limit: 100 })
         expect(t.findings.map((x) => [x.path.length, x.detector.length, x.line, x.status])).toEqual([
           [2000, 500, Findings.maxLine, "open"],
           [2000, 500, Findings.maxLine, "resolved"]
@@ -145,7 +145,7 @@ export const findingConformance = (name: string, make: MakeStores, capabilities:
         expect(yield* f.scan(clean.reservationId)).toMatchObject({ new: 0, present: 0, resolved: 1 })
         const back = yield* scan(s, d.id, "o/other", T0 + 40 * MIN, [aws(5)])
         expect(yield* f.scan(back.reservationId)).toMatchObject({ new: 1, present: 0, resolved: 0 })
-        const t = yield* f.forTarget("github", "o/other")
+        const t = yield* f.forTarget({ source: "github", identity: "o/other", limit: 100 })
         expect(t.findings).toHaveLength(1)
         expect(t.findings[0].status).toBe("new")
         expect(t.events.map((x) => x.kind)).toEqual(["new", "resolved", "reopened"])
@@ -159,9 +159,52 @@ export const findingConformance = (name: string, make: MakeStores, capabilities:
         const d = yield* s.addDevice({ name: "d", slots: 1, tokenHash: "h", now: T0 })
         const a = yield* scan(s, d.id, "o/none", T0, [])
         expect(yield* f.scan(a.reservationId)).toBeNull()
-        const e = yield* Effect.flip(f.forTarget("github", "o/none"))
+        const e = yield* Effect.flip(f.forTarget({ source: "github", identity: "o/none", limit: 100 }))
         expect(e._tag).toBe("NotFound")
         expect(yield* f.outbox(0, 10)).toEqual([])
+      }))
+
+    test("a target's findings and scans are read a keyset page at a time: at most the limit of each, every finding once with its whole history, every scan once", (s, f) =>
+      Effect.gen(function* () {
+        const d = yield* s.addDevice({ name: "d", slots: 1, tokenHash: "h", now: T0 })
+        const all = [aws(1), aws(2), aws(3), aws(4), aws(5)]
+        const s1 = yield* scan(s, d.id, "o/paged", T0, all)
+        yield* scan(s, d.id, "o/else", T0 + MIN, [aws(9)])
+        const s2 = yield* scan(s, d.id, "o/paged", T0 + 10 * MIN, all.slice(0, 3))
+        const s3 = yield* scan(s, d.id, "o/paged", T0 + 20 * MIN, [...all, aws(6)])
+        const q = { source: "github", identity: "o/paged" } as const
+        const whole = yield* f.forTarget({ ...q, limit: 100 })
+        expect(whole.findings).toEqual((yield* f.list({ identity: "o/paged", limit: 100 })).findings)
+        expect(whole.events.map((e) => e.kind).sort()).toEqual([...Array(6).fill("new"), "reopened", "reopened", "resolved", "resolved"].sort())
+        expect(whole.scans.map((x) => x.reservationId)).toEqual([s1.reservationId, s2.reservationId, s3.reservationId])
+        expect([whole.next, whole.nextScans]).toEqual([null, null])
+
+        const first = yield* f.forTarget({ ...q, limit: 2 })
+        expect(first.findings.map((x) => x.id)).toEqual(whole.findings.slice(0, 2).map((x) => x.id))
+        expect(first.events).toEqual(whole.events.filter((e) => e.findingId <= first.findings[1].id))
+        expect(first.scans).toEqual(whole.scans.slice(0, 2))
+        expect([first.next, first.nextScans]).toEqual([first.findings[1].id, s2.reservationId])
+        // each cursor continues its own list only, a page at most the limit long, until it comes back null
+        const findings = [...first.findings]
+        const events = [...first.events]
+        for (let after = first.next; after !== null; ) {
+          const p: FindingStore.TargetFindings = yield* f.forTarget({ ...q, after, limit: 2 })
+          expect(p.findings.length).toBeLessThanOrEqual(2)
+          expect([p.scans, p.nextScans]).toEqual([[], null])
+          findings.push(...p.findings)
+          events.push(...p.events)
+          after = p.next
+        }
+        expect(findings).toEqual(whole.findings)
+        expect([...events].sort(FindingStore.eventOrder)).toEqual(whole.events)
+        const rest = yield* f.forTarget({ ...q, scansAfter: first.nextScans!, limit: 2 })
+        expect([rest.findings, rest.events, rest.next]).toEqual([[], [], null])
+        expect([rest.scans, rest.nextScans]).toEqual([[whole.scans[2]], null])
+        // past the end is an empty page, not NotFound; both cursors continue both lists
+        expect(yield* f.forTarget({ ...q, after: Number.MAX_SAFE_INTEGER, limit: 2 })).toEqual({ findings: [], events: [], scans: [], next: null, nextScans: null })
+        const both = yield* f.forTarget({ ...q, after: first.next!, scansAfter: first.nextScans!, limit: 2 })
+        expect([both.findings.length, both.scans.length]).toEqual([2, 1])
+        expect((yield* f.forTarget({ ...q, limit: 0 })).findings).toEqual([])
       }))
 
     test("filters and keyset pagination: every matching finding exactly once, in id order", (s, f) =>

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Context, Effect, Either, Exit, Layer, Scope } from "effect"
 import * as fc from "effect/FastCheck"
-import { type Assignment, Config, MemoryStore, Operations, Priority, Retry, type Source, Store } from "@scanfleet/core"
+import { type Assignment, Config, MemoryStore, Operations, PhaseModel, Priority, Retry, type Source, Store } from "@scanfleet/core"
 
 /** What an operations backend can be asked to prove beyond the common behaviour. */
 export interface OperationsCapabilities {
@@ -142,7 +142,7 @@ export const operationsConformance = (name: string, make: MakeOperations, capabi
           yield* s.expireDue({ now: a.expiresAt, maxAttempts: 3, limit: 10 })
           const b = yield* claimed(s, d.id, 0, a.expiresAt)
           yield* o.cancel(b.reservationId, who(a.expiresAt + MIN, "stuck"))
-          const i = yield* o.inspectTarget("github", "o/r", 10)
+          const i = yield* o.inspectTarget("github", "o/r", 10, Operations.apiTimeline)
           expect(i.target).toMatchObject({ identity: "o/r", status: "pending", attempts: 2, fence: 4, coveredRemoteAt: T0 - DAY, observedRemoteAt: T0 - DAY, lastScanStartedAt: a.expiresAt })
           expect(i.target.changedAt).toBe(a.expiresAt + MIN)
           expect(i.assignments.map((x) => [x.assignment.reservationId, x.assignment.state])).toEqual([
@@ -152,9 +152,59 @@ export const operationsConformance = (name: string, make: MakeOperations, capabi
           expect(i.assignments[0].cancellation).toEqual({ reservationId: b.reservationId, at: a.expiresAt + MIN, who: "admin", why: "stuck" })
           expect(i.assignments[1].assignment.expiry).toEqual({ lastPhase: "assigned", lastProgressAt: T0 + MIN, expiredAt: a.expiresAt })
           expect(i.assignments[1].timeline.map((e) => [e.seq, e.phase, e.acceptedAt])).toEqual([[1, "assigned", T0 + MIN]])
-          expect((yield* o.inspectTarget("github", "o/r", 1)).assignments).toHaveLength(1)
-          expect(yield* failure(o.inspectTarget("github", "nope", 10))).toMatchObject({ _tag: "NotFound", entity: "target" })
+          expect(i.assignments.map((x) => x.omittedEvents)).toEqual([0, 0])
+          expect((yield* o.inspectTarget("github", "o/r", 1, Operations.apiTimeline)).assignments).toHaveLength(1)
+          expect(yield* failure(o.inspectTarget("github", "nope", 10, Operations.apiTimeline))).toMatchObject({ _tag: "NotFound", entity: "target" })
         }))
+
+      test("an inspection reads each timeline bounded: every phase event and the newest `recent` events, with or without details, and counts what it leaves out", (s, o) =>
+        Effect.gen(function* () {
+          const d = yield* s.addDevice({ name: "d", slots: 1, tokenHash: "h", now: T0 })
+          yield* s.recordObservations([obs("github", "o/fat", T0 - DAY)], T0)
+          // the longest legal timeline: recoveries up to the last sequence one may take, then every
+          // later phase and a terminal, each event with the longest detail
+          const a = yield* claimed(s, d.id, 0, T0)
+          const detail = "x".repeat(1000)
+          const rest = PhaseModel.phases.slice(1, PhaseModel.phases.length - PhaseModel.terminal.length)
+          const events: Array<PhaseModel.Event> = [
+            { seq: 1, kind: "phase", phase: "assigned", at: T0, detail },
+            ...Array.from({ length: PhaseModel.lastRecoverySeq - 1 }, (_, k): PhaseModel.Event => ({ seq: k + 2, kind: "recovered", phase: "assigned", at: T0 + k + 1, detail })),
+            ...[...rest, "completed" as const].map((phase, k): PhaseModel.Event => ({ seq: PhaseModel.lastRecoverySeq + 1 + k, kind: "phase", phase, at: T0 + 2000 + k, detail }))
+          ]
+          expect(events[events.length - 1].seq).toBe(PhaseModel.maxSeq)
+          for (let k = 0; k < events.length; k += 100) yield* s.appendProgress(auth(a, T0 + MIN), events.slice(k, k + 100))
+          yield* s.expireDue({ now: a.expiresAt, maxAttempts: 3, limit: 10 })
+          const b = yield* claimed(s, d.id, 0, a.expiresAt)
+          yield* s.appendProgress(auth(b, a.expiresAt + MIN), [
+            { seq: 1, kind: "phase", phase: "assigned", at: a.expiresAt, detail: "b" },
+            { seq: 2, kind: "recovered", phase: "assigned", at: a.expiresAt + 1 }
+          ])
+          const seqs = (x: Operations.AssignmentDetail) => x.timeline.map((e) => e.seq)
+          const phaseSeqs = events.filter((e) => e.kind === "phase").map((e) => e.seq)
+          const newest = events.slice(-Operations.apiTimeline.recent).map((e) => e.seq)
+
+          const api = yield* o.inspectTarget("github", "o/fat", 10, Operations.apiTimeline)
+          expect(api.assignments.map((x) => x.assignment.reservationId)).toEqual([b.reservationId, a.reservationId])
+          expect(seqs(api.assignments[0])).toEqual([1, 2])
+          expect(api.assignments[0].omittedEvents).toBe(0)
+          expect(api.assignments[0].timeline[0]).toMatchObject({ detail: "b", acceptedAt: a.expiresAt + MIN })
+          const fat = api.assignments[1]
+          expect(seqs(fat)).toEqual([...new Set([...phaseSeqs, ...newest])].sort((x, y) => x - y))
+          expect(fat.timeline.length).toBeLessThanOrEqual(PhaseModel.phases.length - PhaseModel.terminal.length + 1 + Operations.apiTimeline.recent)
+          expect(fat.omittedEvents).toBe(PhaseModel.maxSeq - fat.timeline.length)
+          expect(fat.timeline.every((e) => e.detail === detail)).toBe(true)
+
+          // phase events only, without details: what a page that draws phase spans reads
+          const spans = yield* o.inspectTarget("github", "o/fat", 10, { recent: 0, details: false })
+          expect(seqs(spans.assignments[1])).toEqual(phaseSeqs)
+          expect(spans.assignments[1].omittedEvents).toBe(PhaseModel.lastRecoverySeq - 1)
+          expect(spans.assignments[1].timeline.map(({ acceptedAt: _, ...e }) => e)).toEqual(events.filter((e) => e.kind === "phase").map(({ detail: _, ...e }) => e))
+          expect(seqs(spans.assignments[0])).toEqual([1])
+          expect(spans.assignments[0].omittedEvents).toBe(1)
+
+          // the whole timeline stays where it always was
+          expect((yield* s.timeline(a.reservationId)).map((e) => e.seq)).toEqual(events.map((e) => e.seq))
+        }), 60_000)
 
       test("requeue puts a finished target back to pending with fresh budgets, refuses one in flight or pending, and is audited", (s, o) =>
         Effect.gen(function* () {

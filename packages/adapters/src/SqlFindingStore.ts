@@ -203,21 +203,48 @@ export const make: Effect.Effect<FindingStore.FindingStoreShape, never, SqlClien
         )
       )
     },
-    forTarget: (source, identity) =>
+    // One keyset page of each list (findings by (source, identity, id), scans by (target_id,
+    // reservation_id)), and the events of the page's findings by their key: a target's size never
+    // decides what one call reads.
+    forTarget: (q) =>
       mapped(
         Effect.gen(function* () {
-          const findings = (yield* sql<Row>`SELECT * FROM findings WHERE source = ${source} AND identity = ${identity} ORDER BY id`).map(finding)
-          const scans = (yield* sql<Row>`SELECT * FROM finding_scans WHERE source = ${source} AND identity = ${identity} ORDER BY at, reservation_id`).map(scan)
-          if (findings.length === 0 && scans.length === 0) return yield* Effect.fail(new Errors.NotFound({ entity: "target", key: `${source}:${identity}` }))
+          const limit = Math.max(0, Math.min(10_000, Math.floor(q.limit)))
+          const parts = FindingStore.targetPageParts(q)
+          const notFound = new Errors.NotFound({ entity: "target", key: `${q.source}:${q.identity}` })
+          const targets = yield* sql<Row>`SELECT id FROM targets WHERE source = ${q.source} AND identity = ${q.identity}`
+          if (targets.length === 0) return yield* Effect.fail(notFound)
+          const targetId = Number(targets[0].id)
+          const fs = parts.findings
+            ? (yield* sql<Row>`
+                SELECT * FROM findings WHERE source = ${q.source} AND identity = ${q.identity} AND id > ${q.after ?? 0} ORDER BY id LIMIT ${limit + 1}`).map(finding)
+            : []
+          const ss = parts.scans
+            ? (yield* sql<Row>`SELECT * FROM finding_scans WHERE target_id = ${targetId} AND reservation_id > ${q.scansAfter ?? 0} ORDER BY reservation_id LIMIT ${limit + 1}`).map(scan)
+            : []
+          if (fs.length === 0 && ss.length === 0) {
+            // an empty page: NotFound only when the target has no finding and no related scan at all
+            const any = yield* sql<Row>`
+              SELECT 1 AS x FROM findings WHERE source = ${q.source} AND identity = ${q.identity}
+              UNION ALL SELECT 1 AS x FROM finding_scans WHERE target_id = ${targetId} LIMIT 1`
+            if (any.length === 0) return yield* Effect.fail(notFound)
+          }
+          const findings = fs.slice(0, limit)
+          const scans = ss.slice(0, limit)
           const events =
             findings.length === 0
               ? []
               : (yield* sql<Row>`
-                  SELECT e.* FROM finding_events e JOIN findings f ON f.id = e.finding_id
-                  WHERE f.source = ${source} AND f.identity = ${identity} ORDER BY e.at, e.reservation_id, e.finding_id`).map(
+                  SELECT * FROM finding_events WHERE finding_id ${inIds(findings.map((f) => f.id))} ORDER BY at, reservation_id, finding_id`).map(
                   (r): Findings.Event => ({ findingId: Number(r.finding_id), reservationId: Number(r.reservation_id), kind: r.kind as Findings.Event["kind"], revision: text(r.revision), at: Number(r.at) })
                 )
-          return { findings, events, scans }
+          return {
+            findings,
+            events,
+            scans,
+            next: fs.length > limit && findings.length > 0 ? findings[findings.length - 1].id : null,
+            nextScans: ss.length > limit && scans.length > 0 ? scans[scans.length - 1].reservationId : null
+          }
         })
       ),
     scan: (reservationId) =>

@@ -200,7 +200,7 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
       )
     },
 
-    inspectTarget: (source, identity, limit) =>
+    inspectTarget: (source, identity, limit, view) =>
       mapped(
         Effect.gen(function* () {
           const target = yield* findTarget(source, identity, false)
@@ -208,17 +208,29 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
             SELECT ${sql.literal(Codec.assignmentColumns)} FROM assignments WHERE target_id = ${target.id} ORDER BY reservation_id DESC LIMIT ${Math.max(0, Math.floor(limit))}`).map(Codec.assignment)
           if (as.length === 0) return { target, assignments: [] }
           const ids = as.map((a) => a.reservationId)
-          const evs = yield* sql<Row>`SELECT * FROM progress_events WHERE reservation_id ${inIds(ids)} ORDER BY reservation_id, seq`
+          // Operations.inspected in SQL, so a timeline's older recovered events (up to PhaseModel.maxSeq
+          // of them, each with a detail) are never read out: phase events, and the newest `recent`.
+          const evs = yield* sql<Row>`
+            SELECT e.reservation_id, e.seq, e.kind, e.phase, e.at, ${sql.literal(view.details ? "e.detail" : "NULL AS detail")}, e.accepted_at
+            FROM progress_events e JOIN assignments a ON a.reservation_id = e.reservation_id
+            WHERE e.reservation_id ${inIds(ids)} AND (e.kind = 'phase' OR e.seq > a.last_seq - ${Math.max(0, Math.floor(view.recent))})
+            ORDER BY e.reservation_id, e.seq`
           const cs = yield* sql<Row>`SELECT * FROM cancellations WHERE reservation_id ${inIds(ids)}`
+          // grouped in one pass each: an inspection's cost is linear in the rows read
+          const timelines = new Map<number, Array<ReturnType<typeof Codec.event>>>()
+          for (const r of evs) {
+            const id = Number(r.reservation_id)
+            const t = timelines.get(id)
+            if (t) t.push(Codec.event(r))
+            else timelines.set(id, [Codec.event(r)])
+          }
+          const cancelled = new Map(cs.map((r) => [Number(r.reservation_id), { reservationId: Number(r.reservation_id), at: Number(r.at), who: String(r.who), why: String(r.why) }]))
           return {
             target,
             assignments: as.map((assignment) => {
-              const c = cs.find((r) => Number(r.reservation_id) === assignment.reservationId)
-              return {
-                assignment,
-                timeline: evs.filter((e) => Number(e.reservation_id) === assignment.reservationId).map(Codec.event),
-                cancellation: c ? { reservationId: assignment.reservationId, at: Number(c.at), who: String(c.who), why: String(c.why) } : null
-              }
+              const timeline = timelines.get(assignment.reservationId) ?? []
+              const last = Math.max(assignment.lastSeq, timeline.length > 0 ? timeline[timeline.length - 1].seq : 0)
+              return { assignment, timeline, omittedEvents: Math.max(0, last - timeline.length), cancellation: cancelled.get(assignment.reservationId) ?? null }
             })
           }
         })

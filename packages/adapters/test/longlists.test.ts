@@ -14,7 +14,7 @@ import { schema, urlFor } from "./support/PgSchema.js"
 /**
  * Reads whose lists of ids grow with the data, past what one statement can carry as a parameter
  * per id (65,535 on PostgreSQL's protocol, 32,766 variables on SQLite): every device's live
- * reservations, and a target's findings with their events. Rows are written with one raw
+ * reservations (a target's findings are read in pages of up to 10,000 with their events). Rows are written with one raw
  * statement each, then read through the store.
  */
 
@@ -39,15 +39,23 @@ const check = (write: (statements: ReadonlyArray<string>) => Effect.Effect<void>
     const devices = yield* Effect.flatMap(Operations.Operations, (o) => o.listDevices())
     expect(devices.length).toBe(N)
     expect(devices.every((d) => d.active.length === 0)).toBe(true)
-    const t = yield* Effect.flatMap(FindingStore.FindingStore, (f) => f.forTarget("github", "bulk/findings"))
-    expect(t.findings.length).toBe(N)
-    expect(t.events.length).toBe(N)
-    expect(new Set(t.events.map((e) => e.findingId)).size).toBe(N)
+    // a target's findings are read a page at a time, each page's events by the page's ids
+    const f = yield* FindingStore.FindingStore
+    const t = { findings: 0, events: new Set<number>() }
+    for (let after: number | null = 0; after !== null; ) {
+      const p: FindingStore.TargetFindings = yield* f.forTarget({ source: "github", identity: "bulk/findings", after, limit: 10_000 })
+      expect(p.findings.length).toBeLessThanOrEqual(10_000)
+      t.findings += p.findings.length
+      for (const e of p.events) t.events.add(e.findingId)
+      after = p.next
+    }
+    expect(t.findings).toBe(N)
+    expect(t.events.size).toBe(N)
   })
 
 describe("reads over more ids than a statement has parameters", () => {
   it.live(
-    "PostgreSQL: 70,000 devices are listed and a target's 70,000 findings read with their events",
+    "PostgreSQL: 70,000 devices are listed and a target's 70,000 findings read with their events, page by page",
     () =>
       Effect.scoped(
         Effect.gen(function* () {
@@ -71,7 +79,7 @@ describe("reads over more ids than a statement has parameters", () => {
   )
 
   it.live(
-    "SQLite: 70,000 devices are listed and a target's 70,000 findings read with their events",
+    "SQLite: 70,000 devices are listed and a target's 70,000 findings read with their events, page by page",
     () =>
       Effect.acquireUseRelease(
         Effect.sync(() => mkdtempSync(join(tmpdir(), "scanfleet-longlists-"))),

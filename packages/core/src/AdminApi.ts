@@ -67,17 +67,30 @@ export const TargetView = z
 /** One page of a target search. */
 export const TargetPage = z.object({ targets: z.array(TargetView), next: z.number().int().nullable() }).strict()
 
+/**
+ * The most assignments one inspection shows. With each timeline bounded (`Operations.apiTimeline`:
+ * its phase events and newest 20, at most 32 events of up to 1,000 characters), one answer stays
+ * within a few megabytes whatever devices have sent.
+ */
+export const maxInspectedAssignments = 50
+
 /** GET /v1/admin/targets/inspect */
-export const TargetKeyQuery = z.object({ source: SourceSchema, identity: z.string().min(1), limit: queryIntegerOr(1, 200, 20) }).strict()
+export const TargetKeyQuery = z.object({ source: SourceSchema, identity: z.string().min(1), limit: queryIntegerOr(1, maxInspectedAssignments, 20) }).strict()
 
 /** A cancelled reservation's record. */
 export const CancellationView = z.object({ reservationId: id, at: epochMs, who: z.string(), why: z.string() }).strict()
 
-/** A target with its assignments, newest first, each with its timeline. */
+/**
+ * A target with its assignments, newest first, each with its timeline: every phase event and the
+ * newest 20 events; `omittedEvents` counts the older (recovered) events left out, which
+ * GET /v1/admin/assignments/:id returns with the rest.
+ */
 export const Inspection = z
   .object({
     target: TargetView,
-    assignments: z.array(z.object({ assignment: AssignmentView, timeline: z.array(TimelineEvent), cancellation: CancellationView.nullable() }).strict())
+    assignments: z.array(
+      z.object({ assignment: AssignmentView, timeline: z.array(TimelineEvent), omittedEvents: z.number().int().min(0), cancellation: CancellationView.nullable() }).strict()
+    )
   })
   .strict()
 

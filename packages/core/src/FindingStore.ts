@@ -9,12 +9,43 @@ import type { Source } from "./Source.js"
 import { Store } from "./Store.js"
 import * as WorkerWrite from "./WorkerWrite.js"
 
-/** A target's findings, the changes in their lives, and its related scans (oldest first). */
+/**
+ * One page of a target's findings and scans (`forTarget`). Findings go in id order, scans in
+ * reservation order, each list by its own keyset cursor. The first page (no cursor) starts both
+ * lists; a page with `after` continues the findings only, one with `scansAfter` the scans only
+ * (with both, both).
+ */
+export interface TargetQuery {
+  readonly source: Source
+  readonly identity: string
+  /** The `next` of the previous page. */
+  readonly after?: number
+  /** The `nextScans` of the previous page. */
+  readonly scansAfter?: number
+  /** The most findings, and the most scans, one page holds. */
+  readonly limit: number
+}
+
+/** A page of a target's findings with the changes in their lives, and of its related scans (oldest first). */
 export interface TargetFindings {
   readonly findings: ReadonlyArray<Findings.Finding>
+  /** Every change in the lives of this page's findings, oldest first. */
   readonly events: ReadonlyArray<Findings.Event>
   readonly scans: ReadonlyArray<Findings.Scan>
+  /** The cursor of the next page of findings (`after`); null when this page has the last one, or none. */
+  readonly next: number | null
+  /** The cursor of the next page of scans (`scansAfter`); null when this page has the last one, or none. */
+  readonly nextScans: number | null
 }
+
+/** Which lists a target page holds: a cursor continues its own list only; no cursor starts both. */
+export const targetPageParts = (q: Pick<TargetQuery, "after" | "scansAfter">): { readonly findings: boolean; readonly scans: boolean } => ({
+  findings: q.after !== undefined || q.scansAfter === undefined,
+  scans: q.scansAfter !== undefined || q.after === undefined
+})
+
+/** The order of a target page's events: by time, then reservation, then finding. */
+export const eventOrder = (a: Findings.Event, b: Findings.Event): number => a.at - b.at || a.reservationId - b.reservationId || a.findingId - b.findingId
 
 /**
  * The findings port: the rows that result acceptance writes (in the result's
@@ -30,8 +61,8 @@ export class FindingStore extends Context.Tag("@scanfleet/core/FindingStore")<
     readonly newest: (limit: number) => Effect.Effect<ReadonlyArray<Findings.Finding>, StoreError>
     /** How many findings have each status, each counted up to `cap + 1` at most, so the read stays bounded: above `cap` reads as "more than cap". */
     readonly countByStatus: (cap: number) => Effect.Effect<Readonly<Record<Findings.Status, number>>, StoreError>
-    /** One target's findings with their history and its scans. */
-    readonly forTarget: (source: Source, identity: string) => Effect.Effect<TargetFindings, NotFound | StoreError>
+    /** One page of a target's findings with their history, and of its scans; NotFound when it has no finding and no related scan at all. */
+    readonly forTarget: (q: TargetQuery) => Effect.Effect<TargetFindings, NotFound | StoreError>
     /** The summary of the scan one reservation delivered; null when it touched no finding (a failed scan, or a clean one of a target with none): read as zeros. */
     readonly scan: (reservationId: number) => Effect.Effect<Findings.Scan | null, StoreError>
     /** Outbox events after a position, in order; at most `limit`. */
@@ -158,13 +189,25 @@ export const makeMemory = (): Memory => {
         for (const f of rows) counts[f.status] = Math.min(counts[f.status] + 1, Math.max(0, Math.floor(cap)) + 1)
         return counts
       }),
-    forTarget: (source, identity) =>
+    forTarget: (q) =>
       Effect.suspend(() => {
-        const mine = rows.filter((f) => f.source === source && f.identity === identity)
-        const theirScans = scans.filter((s) => s.source === source && s.identity === identity)
-        if (mine.length === 0 && theirScans.length === 0) return Effect.fail(new NotFound({ entity: "target", key: `${source}:${identity}` }))
-        const ids = new Set(mine.map((f) => f.id))
-        return Effect.succeed({ findings: mine, events: events.filter((e) => ids.has(e.findingId)), scans: theirScans })
+        const limit = Math.max(0, Math.floor(q.limit))
+        const parts = targetPageParts(q)
+        const mine = rows.filter((f) => f.source === q.source && f.identity === q.identity)
+        const theirScans = scans.filter((s) => s.source === q.source && s.identity === q.identity).sort((a, b) => a.reservationId - b.reservationId)
+        if (mine.length === 0 && theirScans.length === 0) return Effect.fail(new NotFound({ entity: "target", key: `${q.source}:${q.identity}` }))
+        const f = parts.findings ? mine.filter((x) => x.id > (q.after ?? 0)) : []
+        const sc = parts.scans ? theirScans.filter((x) => x.reservationId > (q.scansAfter ?? 0)) : []
+        const findings = f.slice(0, limit)
+        const page = sc.slice(0, limit)
+        const ids = new Set(findings.map((x) => x.id))
+        return Effect.succeed({
+          findings,
+          events: events.filter((e) => ids.has(e.findingId)).sort(eventOrder),
+          scans: page,
+          next: f.length > limit && findings.length > 0 ? findings[findings.length - 1].id : null,
+          nextScans: sc.length > limit && page.length > 0 ? page[page.length - 1].reservationId : null
+        })
       }),
     scan: (reservationId) => Effect.sync(() => scans.find((s) => s.reservationId === reservationId) ?? null),
     outbox: (after, limit) => Effect.sync(() => outbox.filter((e) => e.seq > after).slice(0, Math.max(0, Math.floor(limit)))),

@@ -90,17 +90,36 @@ export const ScanView = z
   })
   .strict()
 
-/** GET /v1/admin/findings/target: one target's findings, their history and its scans. */
+/**
+ * GET /v1/admin/findings/target: one page of a target's findings (id order) with every change in
+ * their lives, and of its scans (reservation order); `next` and `nextScans` are the cursors of the
+ * following pages (null on the last).
+ */
 export const TargetHistory = z
   .object({
     findings: z.array(FindingView),
     events: z.array(z.object({ findingId: z.number().int(), reservationId: z.number().int(), kind: z.enum(["new", "reopened", "resolved"]), revision: z.string().nullable(), at: epochMs }).strict()),
-    scans: z.array(ScanView)
+    scans: z.array(ScanView),
+    next: z.number().int().nullable(),
+    nextScans: z.number().int().nullable()
   })
   .strict()
 
-/** GET /v1/admin/findings/target query. */
-export const TargetQuery = z.object({ source: SourceSchema, identity: queriedIdentity }).strict()
+/**
+ * GET /v1/admin/findings/target query: without a cursor the first page of both lists; `after`
+ * continues the findings only, `scansAfter` the scans only.
+ */
+export const TargetQuery = z
+  .object({
+    source: SourceSchema,
+    identity: queriedIdentity,
+    /** The `next` of a previous page. */
+    after: queryInteger(0, Number.MAX_SAFE_INTEGER).optional(),
+    /** The `nextScans` of a previous page. */
+    scansAfter: queryInteger(0, Number.MAX_SAFE_INTEGER).optional(),
+    limit: queryIntegerOr(1, 1000, 100)
+  })
+  .strict()
 
 /** GET /v1/device/fleet-key: the key devices fingerprint secrets with (hex), and its id so a rotation shows. */
 export const FleetKey = z.object({ keyId: z.string(), key: z.string().regex(/^[0-9a-f]{64}$/) }).strict()

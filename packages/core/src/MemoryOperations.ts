@@ -116,17 +116,19 @@ export const make = (store: StoreShape): Operations.OperationsShape => {
         return { targets, next: page.length > limit && targets.length > 0 ? targets[targets.length - 1].id : null }
       }),
 
-    inspectTarget: (source, identity, limit) =>
+    inspectTarget: (source, identity, limit, view) =>
       Effect.map(find(source, identity), (t) => ({
         target: detail(t),
         assignments: of(t.id)
           .sort((a, b) => b.reservationId - a.reservationId)
           .slice(0, Math.max(0, Math.floor(limit)))
-          .map((assignment) => ({
-            assignment,
-            timeline: [...(st.events.get(assignment.reservationId) ?? [])],
-            cancellation: cancellations.get(assignment.reservationId) ?? null
-          }))
+          .map((assignment) => {
+            const all = st.events.get(assignment.reservationId) ?? []
+            const timeline = all
+              .filter((e) => Operations.inspected(e, assignment.lastSeq, view))
+              .map(({ detail, ...e }) => (view.details && detail !== undefined ? { ...e, detail } : e))
+            return { assignment, timeline, omittedEvents: all.length - timeline.length, cancellation: cancellations.get(assignment.reservationId) ?? null }
+          })
       })),
 
     requeue: (source, identity, actor) =>

@@ -66,12 +66,34 @@ export interface Cancellation {
   readonly why: string
 }
 
-/** One of a target's assignments with its accepted timeline. */
+/** One of a target's assignments with the part of its accepted timeline an inspection shows (`inspected`). */
 export interface AssignmentDetail {
   readonly assignment: Assignment
+  /** In sequence order: every phase event, and the newest `recent` events of any kind. */
   readonly timeline: ReadonlyArray<PhaseModel.Event & { readonly acceptedAt: number }>
+  /** How many accepted events (older `recovered` ones) `timeline` leaves out; the store's `timeline(reservationId)` has them all. */
+  readonly omittedEvents: number
   readonly cancellation: Cancellation | null
 }
+
+/**
+ * How much of each timeline an inspection reads. A timeline holds each phase at most once
+ * and up to `PhaseModel.maxSeq` events in all, the rest `recovered` ones, so every phase
+ * event plus the newest `recent` keeps one inspection bounded whatever the devices sent.
+ */
+export interface TimelineView {
+  /** The newest events of any kind shown besides the phase events (0: phase events only). */
+  readonly recent: number
+  /** Whether events carry their `detail` (up to 1,000 characters each). */
+  readonly details: boolean
+}
+
+/** What the admin API's inspection shows of each timeline: the phase events, the newest 20 events, with details. */
+export const apiTimeline: TimelineView = { recent: 20, details: true }
+
+/** Whether an inspection under `view` shows the event with `seq` and `kind` of a timeline that reached `lastSeq` (sequences run 1..lastSeq without gaps). */
+export const inspected = (e: { readonly seq: number; readonly kind: PhaseModel.Event["kind"] }, lastSeq: number, view: TimelineView): boolean =>
+  e.kind === "phase" || e.seq > lastSeq - Math.max(0, Math.floor(view.recent))
 
 /** A target and its assignments, newest first. */
 export interface Inspection {
@@ -164,8 +186,8 @@ export class Operations extends Context.Tag("@scanfleet/core/Operations")<
     readonly redriveDue: (source: Source, policy: FailureBackoff, now: number, limit: number) => Effect.Effect<RedriveResult, StoreError>
     /** Targets matching every filter, in id order, one page. */
     readonly listTargets: (q: TargetQuery) => Effect.Effect<TargetPage, StoreError>
-    /** One target with every lifecycle field and its newest assignments (at most `limit`) with their timelines. */
-    readonly inspectTarget: (source: Source, identity: string, limit: number) => Effect.Effect<Inspection, NotFound | StoreError>
+    /** One target with every lifecycle field and its newest assignments (at most `limit`), each with its timeline as `view` bounds it (`inspected`). */
+    readonly inspectTarget: (source: Source, identity: string, limit: number, view: TimelineView) => Effect.Effect<Inspection, NotFound | StoreError>
     /** Puts a target that is not in flight back to pending with fresh budgets (fence bumped). */
     readonly requeue: (source: Source, identity: string, actor: Actor) => Effect.Effect<TargetDetail, NotFound | OperationRefused | StoreError>
     /**

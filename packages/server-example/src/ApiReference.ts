@@ -216,7 +216,7 @@ export const operations: ReadonlyArray<Endpoint> = ([
     path: "/v1/admin/targets/inspect",
     auth: "admin",
     summary:
-      "One target with every lifecycle field (status, fence, observed and covered remote times, attempts at this revision, the failure backoff state) and its newest `limit` assignments, each with its three labelled deadlines, its accepted timeline, its expiry evidence and, if an operator cancelled it, who, when and why.",
+      "One target with every lifecycle field (status, fence, observed and covered remote times, attempts at this revision, the failure backoff state) and its newest `limit` assignments (default 20, at most 50), each with its three labelled deadlines, its accepted timeline, its expiry evidence and, if an operator cancelled it, who, when and why. A timeline shows every phase event and the newest 20 events, with details; `omittedEvents` counts the older `recovered` events left out (a device may record up to 989 of them), and `GET /v1/admin/assignments/:id` returns that assignment's whole timeline. So one answer stays bounded (at most 50 × 32 events) whatever devices have sent.",
     query: AdminApi.TargetKeyQuery,
     response: { status: 200, schema: AdminApi.Inspection },
     errors: ["404 no such target"]
@@ -346,7 +346,7 @@ export const other: ReadonlyArray<Endpoint> = [
     path: "/console/target",
     auth: "admin (bearer or cookie)",
     summary:
-      "One target (`?source=&identity=`) with every lifecycle field and its assignments: the three labelled deadlines (the one that fires next in bold), the phase timeline as a bar (each segment's width the time spent in that phase, with a table of the same), expiry evidence and cancellations; forms to requeue it and cancel an active assignment.",
+      "One target (`?source=&identity=`) with every lifecycle field and its assignments: the three labelled deadlines (the one that fires next in bold), the phase timeline as a bar (each segment's width the time spent in that phase, with a table of the same; read from the phase events alone, so recovered events are only counted), expiry evidence and cancellations; forms to requeue it and cancel an active assignment.",
     response: { status: 200, note: "text/html" }
   },
   {

@@ -111,6 +111,7 @@ eta.loadTemplate(
 <div class="bar" role="img" aria-label="phase timeline" data-testid="timeline-<%= a.id %>"><% a.spans.forEach((s, i) => { %><span class="p<%= s.color %>" style="width:<%= s.share %>%" title="<%= s.phase %>: <%= s.took %>" data-testid="timeline-<%= a.id %>-segment-<%= i %>" data-phase="<%= s.phase %>" data-ms="<%= s.ms %>"><%= s.phase %></span><% }) %></div>
 <table data-testid="timeline-<%= a.id %>-table"><thead><tr><th>Phase</th><th>Started (device clock)</th><th>Time in phase</th></tr></thead><tbody>
 <% for (const s of a.spans) { %><tr><td><%= s.phase %></td><td><%= s.start %></td><td><%= s.took %></td></tr><% } %></tbody></table><% } %>
+<% if (a.recoveries > 0) { %><p class="muted" data-testid="timeline-<%= a.id %>-recoveries">The device recovered <%= a.recoveries %> time(s) during this assignment; GET /v1/admin/assignments/<%= a.id %> has every event.</p><% } %>
 <% if (a.expiry) { %><p data-testid="assignment-<%= a.id %>-expiry"><%= a.expiry %></p><% } %>
 <% if (a.cancellation) { %><p data-testid="assignment-<%= a.id %>-cancellation"><%= a.cancellation %></p><% } %>
 <% if (a.cancel) { %><%~ include("@action", a.cancel) %><% } %>
@@ -300,7 +301,8 @@ const target = Effect.gen(function* () {
   const ops = yield* Operations.Operations
   const now = yield* Clock.currentTimeMillis
   const fleet = yield* Effect.flatMap(Store.Store, (s) => s.fleet()).pipe(Effect.mapError(fromStoreError))
-  const i = yield* ops.inspectTarget(q.source, q.identity, q.limit).pipe(Effect.mapError((e) => (e._tag === "NotFound" ? fromNotFound(e) : fromStoreError(e))))
+  // The page draws phase spans only: recovered events and details are never read for it.
+  const i = yield* ops.inspectTarget(q.source, q.identity, q.limit, { recent: 0, details: false }).pipe(Effect.mapError((e) => (e._tag === "NotFound" ? fromNotFound(e) : fromStoreError(e))))
   const csrf = yield* csrfOf
   const back = `/console/target?${new URLSearchParams({ source: q.source, identity: q.identity })}`
   const t = targetView(i.target)
@@ -320,7 +322,7 @@ const target = Effect.gen(function* () {
       backoff: `${t.redrive.redrives} redrive(s) at this revision; ${t.redrive.retryAt !== null ? `next redrive at ${iso(t.redrive.retryAt)}` : "no redrive planned"}`,
       priority: { csrf, back, source: t.source, identity: t.identity, value: t.priority, min: Priority.min, max: Priority.max, shift: Priority.step.toLocaleString("en") },
       requeue: t.status !== "in_progress" && t.status !== "pending" ? actionData("/console/actions/requeue", csrf, back, { source: t.source, identity: t.identity }, "Requeue", "requeue") : null,
-      assignments: i.assignments.map(({ assignment, timeline, cancellation }) => {
+      assignments: i.assignments.map(({ assignment, timeline, omittedEvents, cancellation }) => {
         const a = Views.assignment(assignment, now, fleet.id)
         return {
           id: a.reservationId,
@@ -330,6 +332,7 @@ const target = Effect.gen(function* () {
           slot: a.slot,
           deadlines: deadlineRows(a),
           spans: timelineSpans(a, timeline, now),
+          recoveries: omittedEvents,
           expiry: a.expiry ? `Expired at ${iso(a.expiry.expiredAt)}; last accepted phase ${a.expiry.lastPhase ?? "none"}, last progress ${iso(a.expiry.lastProgressAt)}.` : null,
           cancellation: cancellation ? `Cancelled by ${cancellation.who} at ${iso(cancellation.at)}: ${cancellation.why}` : null,
           cancel: a.state === "active" ? actionData("/console/actions/cancel", csrf, back, { reservationId: String(a.reservationId) }, "Cancel this assignment", `cancel-${a.reservationId}`) : null

@@ -39,7 +39,28 @@ export const main = async (words: ReadonlyArray<string>, flags: ReadonlyMap<stri
     const [source, identity] = rest
     const q = FindingsApi.TargetQuery.safeParse({ source, identity })
     if (!q.success) throw new FindingsUsageError(`findings target SOURCE IDENTITY: ${q.error.issues.map((i) => i.message).join("; ")}`)
-    const t = await withFindings(config, (f) => Effect.either(f.forTarget(q.data.source, q.data.identity)))
+    // The whole history, read a page of each list at a time (the API answers one page a call).
+    const t = await withFindings(config, (f) =>
+      Effect.either(
+        Effect.gen(function* () {
+          const key = { source: q.data.source, identity: q.data.identity, limit: 1000 }
+          const first = yield* f.forTarget(key)
+          const all = { findings: [...first.findings], events: [...first.events], scans: [...first.scans] }
+          for (let after = first.next; after !== null; ) {
+            const p: FindingStore.TargetFindings = yield* f.forTarget({ ...key, after })
+            all.findings.push(...p.findings)
+            all.events.push(...p.events)
+            after = p.next
+          }
+          for (let scansAfter = first.nextScans; scansAfter !== null; ) {
+            const p: FindingStore.TargetFindings = yield* f.forTarget({ ...key, scansAfter })
+            all.scans.push(...p.scans)
+            scansAfter = p.nextScans
+          }
+          return { ...all, events: all.events.sort(FindingStore.eventOrder) }
+        })
+      )
+    )
     if (t._tag === "Left") {
       err(t.left._tag === "NotFound" ? `no findings and no related scan for ${source}:${identity}` : t.left.message)
       return 1

@@ -43,13 +43,13 @@ const list = Effect.gen(function* () {
   return ok({ findings: page.findings.map(Rules.view), next: page.next } satisfies z.infer<typeof FindingsApi.Page>)
 })
 
-/** GET /v1/admin/findings/target?source=&identity=: one target's findings, their history and its scans. */
+/** GET /v1/admin/findings/target?source=&identity=&limit=&after=&scansAfter=: one keyset page of a target's findings with their history, and of its scans. */
 const target = Effect.gen(function* () {
   yield* Auth.admin({ cookie: true })
   const q = yield* Request.query(FindingsApi.TargetQuery)
   const f = yield* findingStore
-  const t = yield* storeOp(f.forTarget(q.source, q.identity))
-  return ok({ findings: t.findings.map(Rules.view), events: [...t.events], scans: [...t.scans] } satisfies z.infer<typeof FindingsApi.TargetHistory>)
+  const t = yield* storeOp(f.forTarget(q))
+  return ok({ findings: t.findings.map(Rules.view), events: [...t.events], scans: [...t.scans], next: t.next, nextScans: t.nextScans } satisfies z.infer<typeof FindingsApi.TargetHistory>)
 })
 
 /** GET /v1/admin/findings/scans/:id: the summary of the scan a reservation delivered (zeros when it touched no finding). */

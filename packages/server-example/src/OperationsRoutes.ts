@@ -52,7 +52,12 @@ export const targetView = (t: Operations.TargetDetail): z.infer<typeof AdminApi.
 /** A target and its assignments as operators see them. */
 export const inspectionView = (i: Operations.Inspection, now: number, fleetId: string): z.infer<typeof AdminApi.Inspection> => ({
   target: targetView(i.target),
-  assignments: i.assignments.map((a) => ({ assignment: Views.assignment(a.assignment, now, fleetId), timeline: [...a.timeline], cancellation: a.cancellation ? { ...a.cancellation } : null }))
+  assignments: i.assignments.map((a) => ({
+    assignment: Views.assignment(a.assignment, now, fleetId),
+    timeline: [...a.timeline],
+    omittedEvents: a.omittedEvents,
+    cancellation: a.cancellation ? { ...a.cancellation } : null
+  }))
 })
 
 /** A device as operators see it. */
@@ -117,12 +122,12 @@ const searchTargets = Effect.gen(function* () {
   return ok({ targets: page.targets.map(targetView), next: page.next } satisfies z.infer<typeof AdminApi.TargetPage>)
 })
 
-/** GET /v1/admin/targets/inspect?source=&identity=: one target, every lifecycle field, its assignments with timelines. */
+/** GET /v1/admin/targets/inspect?source=&identity=: one target, every lifecycle field, its newest assignments with their timelines (bounded: `Operations.apiTimeline`). */
 const inspectTarget = Effect.gen(function* () {
   yield* Auth.admin({ cookie: false })
   const q = yield* Request.query(AdminApi.TargetKeyQuery)
   const ops = yield* Operations.Operations
-  const i = yield* op(ops.inspectTarget(q.source, q.identity, q.limit))
+  const i = yield* op(ops.inspectTarget(q.source, q.identity, q.limit, Operations.apiTimeline))
   return ok(inspectionView(i, yield* Clock.currentTimeMillis, yield* fleetId))
 })
 
