@@ -312,6 +312,27 @@ export const operationsConformance = (name: string, make: MakeOperations, capabi
           expect((yield* o.listAudit({ limit: 10 })).map((e) => e.action)).toEqual(["cancel"])
         }))
 
+      test("a device's last contact is its own requests (Operations.contactOf): its claim, progress, result and release move it; an operator's cancellation and the sweep's expiry do not", (s, o) =>
+        Effect.gen(function* () {
+          const d = yield* s.addDevice({ name: "quiet", slots: 2, tokenHash: "hq", now: T0 })
+          yield* s.recordObservations([obs("github", "q1", null), obs("github", "q2", null), obs("github", "q3", null)], T0)
+          const contact = () => Effect.map(o.listDevices(), (ds) => ds.find((x) => x.id === d.id)!.lastContactAt)
+          const a = yield* claimed(s, d.id, 0, T0 + MIN)
+          expect(yield* contact()).toBe(T0 + MIN)
+          yield* o.cancel(a.reservationId, who(T0 + 2 * MIN, "stuck"))
+          expect(yield* contact()).toBe(T0 + MIN)
+          const b = yield* claimed(s, d.id, 0, T0 + 3 * MIN)
+          yield* s.release(auth(b, T0 + 4 * MIN))
+          expect(yield* contact()).toBe(T0 + 4 * MIN)
+          const c = yield* claimed(s, d.id, 1, T0 + 5 * MIN)
+          const swept = yield* s.expireDue({ now: c.expiresAt!, maxAttempts: 5, limit: 10 })
+          expect(swept.map((x) => x.reservationId)).toContain(c.reservationId)
+          expect(yield* contact()).toBe(T0 + 5 * MIN)
+          const e = yield* claimed(s, d.id, 1, c.expiresAt! + MIN)
+          yield* finish(s, e, c.expiresAt! + 2 * MIN)
+          expect(yield* contact()).toBe(c.expiresAt! + 2 * MIN)
+        }))
+
       test("devices are listed with their filter, last contact, containment level and active reservations; revocation ends those at once, fenced", (s, o) =>
         Effect.gen(function* () {
           const d1 = yield* s.addDevice({ name: "one", slots: 2, tokenHash: "h1", now: T0 })
@@ -338,6 +359,9 @@ export const operationsConformance = (name: string, make: MakeOperations, capabi
           expect((yield* s.countTargets()).find((c) => c.source === "github")).toEqual({ source: "github", status: "pending", count: 2 })
           expect(yield* failure(s.claim({ deviceId: d1.id, slot: 0, now: T0 + 5 * MIN, config }))).toMatchObject({ reason: "unknown_device" })
           expect((yield* o.listDevices())[0].revokedAt).toBe(T0 + 4 * MIN)
+          // the revocation is not the device's contact, and each reservation it ended says who ended it and why
+          expect((yield* o.listDevices())[0].lastContactAt).toBe(T0 + 3 * MIN)
+          expect(yield* o.cancellation(a.reservationId)).toEqual({ reservationId: a.reservationId, at: T0 + 4 * MIN, who: "admin", why: `device ${d1.id} revoked: lost laptop` })
           expect((yield* o.setDeviceSources(d2.id, null, who(T0))).sources).toBeNull()
           expect(yield* o.deviceFilters()).toEqual([])
           expect(yield* failure(o.revokeDevice(999, who(T0)))).toMatchObject({ _tag: "NotFound", entity: "device" })

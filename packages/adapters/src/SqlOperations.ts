@@ -101,6 +101,11 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
       return as.map((a): Assignment.Assignment => ({ ...a, state: "released", endedAt: now }))
     })
 
+  const insertCancellations = (cs: ReadonlyArray<Operations.Cancellation>) =>
+    cs.length === 0
+      ? Effect.void
+      : sql`INSERT INTO cancellations (reservation_id, at, who, why) VALUES ${sql.join(", ", false)(cs.map((c) => sql`(${c.reservationId}, ${c.at}, ${c.who}, ${c.why})`))}`
+
   const controls = Effect.map(sql<Row>`SELECT * FROM source_pauses`, (rows) => {
     const paused = new Map(rows.map((r) => [r.source as Source.Source, r]))
     return Source.sources.map((source): Operations.SourceControl => {
@@ -115,7 +120,12 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
     Effect.gen(function* () {
       const ds = yield* sql<Row>`
         SELECT d.id, d.name, d.slots, d.created_at, d.revoked_at, d.containment, d.reported_at, s.sources AS only_sources,
-          (SELECT CASE WHEN count(*) = 0 THEN NULL ELSE ${greatest("max(a.issued_at)", "COALESCE(max(a.last_progress_at), 0)", "COALESCE(max(a.ended_at), 0)")} END
+          (SELECT CASE WHEN count(*) = 0 THEN NULL ELSE ${greatest(
+            "max(a.issued_at)",
+            "COALESCE(max(a.last_progress_at), 0)",
+            // core's Operations.contactOf: an end counts when the device made it, not the sweep or an operator
+            "COALESCE(max(CASE WHEN a.state <> 'expired' AND NOT EXISTS (SELECT 1 FROM cancellations c WHERE c.reservation_id = a.reservation_id) THEN a.ended_at END), 0)"
+          )} END
             FROM assignments a WHERE a.device_id = d.id) AS last_contact
         FROM devices d LEFT JOIN device_sources s ON s.device_id = d.id
         WHERE ${where} ORDER BY d.id`
@@ -275,7 +285,7 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
           const a = Codec.assignment(rows[0])
           if (a.state !== "active") return yield* new Operations.OperationRefused({ reason: "not_active", message: `reservation ${reservationId} is ${a.state}` })
           const [ended] = yield* endAll([a], actor.now)
-          yield* sql`INSERT INTO cancellations (reservation_id, at, who, why) VALUES (${reservationId}, ${actor.now}, ${actor.who}, ${actor.why})`
+          yield* insertCancellations([{ reservationId, at: actor.now, who: actor.who, why: actor.why }])
           yield* record("cancel", `reservation:${reservationId}`, { target: Operations.targetSubject(a.source, a.identity), deviceId: a.deviceId }, actor)
           return ended
         })
@@ -331,6 +341,7 @@ export const make: Effect.Effect<Operations.OperationsShape, never, SqlClient.Sq
           const active = (yield* sql<Row>`
             SELECT ${sql.literal(Codec.assignmentColumns)} FROM assignments WHERE device_id = ${deviceId} AND state = 'active' ORDER BY reservation_id${forUpdate}`).map(Codec.assignment)
           const ended = yield* endAll(active, actor.now)
+          yield* insertCancellations(ended.map((a) => Operations.revocationOf(a.reservationId, deviceId, actor)))
           yield* record("revoke_device", `device:${deviceId}`, { released: ended.map((a) => a.reservationId) }, actor)
           return ended
         })

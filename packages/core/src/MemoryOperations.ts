@@ -61,7 +61,7 @@ export const make = (store: StoreShape): Operations.OperationsShape => {
   const deviceDetail = (id: number): Operations.DeviceDetail => {
     const { tokenHash: _, ...d } = st.devices.get(id)!
     const mine = [...st.assignments.values()].filter((a) => a.deviceId === id)
-    const contact = mine.reduce<number | null>((m, a) => Math.max(m ?? 0, a.issuedAt, a.lastProgressAt ?? 0, a.endedAt ?? 0), null)
+    const contact = mine.reduce<number | null>((m, a) => Math.max(m ?? 0, Operations.contactOf(a, cancellations.has(a.reservationId))), null)
     return {
       ...d,
       sources: deviceSources.get(id) ?? null,
@@ -204,6 +204,7 @@ export const make = (store: StoreShape): Operations.OperationsShape => {
           .filter((a) => a.deviceId === deviceId && a.state === "active")
           .sort((x, y) => x.reservationId - y.reservationId)
           .map((a) => end(a, actor.now))
+        for (const a of ended) cancellations.set(a.reservationId, Operations.revocationOf(a.reservationId, deviceId, actor))
         record("revoke_device", `device:${deviceId}`, { released: ended.map((a) => a.reservationId) }, actor)
         return Effect.succeed(ended)
       }),

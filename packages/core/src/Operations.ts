@@ -95,6 +95,22 @@ export const apiTimeline: TimelineView = { recent: 20, details: true }
 export const inspected = (e: { readonly seq: number; readonly kind: PhaseModel.Event["kind"] }, lastSeq: number, view: TimelineView): boolean =>
   e.kind === "phase" || e.seq > lastSeq - Math.max(0, Math.floor(view.recent))
 
+/**
+ * When a device last spoke through one of its assignments: the claim, the newest progress, and
+ * the end when the device ended it (a result or a release); not the end the sweep gave it at
+ * expiry, nor one an operator gave it (`endedByOperator`: cancelled, or its device revoked).
+ */
+export const contactOf = (a: Assignment, endedByOperator: boolean): number =>
+  Math.max(a.issuedAt, a.lastProgressAt ?? 0, a.state === "expired" || endedByOperator ? 0 : (a.endedAt ?? 0))
+
+/** The cancellation a revocation records for each reservation it ends: who revoked, and why, naming the device. */
+export const revocationOf = (reservationId: number, deviceId: number, actor: Actor): Cancellation => ({
+  reservationId,
+  at: actor.now,
+  who: actor.who,
+  why: `device ${deviceId} revoked: ${actor.why}`
+})
+
 /** A target and its assignments, newest first. */
 export interface Inspection {
   readonly target: TargetDetail
@@ -207,7 +223,10 @@ export class Operations extends Context.Tag("@scanfleet/core/Operations")<
     readonly deviceFilters: () => Effect.Effect<ReadonlyArray<{ readonly deviceId: number; readonly sources: ReadonlyArray<Source> }>, StoreError>
     /** Every device, lowest id first, with its active reservations. */
     readonly listDevices: () => Effect.Effect<ReadonlyArray<DeviceDetail>, StoreError>
-    /** Revokes a device and ends its active reservations at once (fenced), their targets back to pending. */
+    /**
+     * Revokes a device and ends its active reservations at once (fenced), their targets back to
+     * pending, each recorded as a cancellation (`revocationOf`).
+     */
     readonly revokeDevice: (deviceId: number, actor: Actor) => Effect.Effect<ReadonlyArray<Assignment>, NotFound | StoreError>
     /**
      * Assignments that ended in [from, to), counted per `bucketMs` bucket from `from` (every bucket listed,
