@@ -407,6 +407,8 @@ export interface Seal {
   readonly level: Level
   /** The unit's environment tag. */
   readonly tag: string
+  /** The unit's cgroup directory (cgroup levels; null otherwise). */
+  readonly cgroup: string | null
   /** The command line that starts the unit script under this level. */
   readonly launch: (node: string, script: string) => Launch
   /** Records the launcher's pid (the process the controller spawned), before the unit is attached. */
@@ -452,6 +454,7 @@ export const seal = (plan: Plan): Seal => {
   return {
     level,
     tag,
+    cgroup,
     launch: (node, script) => {
       const env: Record<string, string> = { [unitEnv.tag]: tag, [unitEnv.level]: level }
       if (cgroup !== null) env[unitEnv.cgroup] = cgroup
@@ -519,11 +522,12 @@ export const seal = (plan: Plan): Seal => {
  * Empties and removes the unit cgroups a dead controller left behind (unit
  * cgroups are named after their controller's pid: `u<pid>-<tag>`). A unit
  * empties its own cgroup when its controller dies; this catches the case
- * where the unit died with it. Returns how many processes were killed.
+ * where the unit died with it, or could not act (a scanner stopped it).
+ * Returns the processes killed, by cgroup directory.
  */
-export const reclaim = (plan: Plan): Effect.Effect<number> =>
+export const reclaim = (plan: Plan): Effect.Effect<ReadonlyMap<string, ReadonlyArray<number>>> =>
   Effect.promise(async () => {
-    let killed = 0
+    const killed = new Map<string, ReadonlyArray<number>>()
     for (const level of ["cgroup-v2", "cgroup-v1-freezer"] as const) {
       const base = plan.cgroupDirs[level]
       if (base === null) continue
@@ -537,7 +541,7 @@ export const reclaim = (plan: Plan): Effect.Effect<number> =>
         const m = /^u(\d+)-[0-9a-f]{8}$/.exec(name)
         if (m === null || Number(m[1]) === process.pid || ProcessTree.isAlive(Number(m[1]))) continue
         const dir = join(base, name)
-        killed += pidsIn(dir).length
+        killed.set(dir, pidsIn(dir))
         if (level === "cgroup-v2") killCgroupV2(dir)
         else await killCgroupV1(dir, new Set())
         await removeCgroup(dir)

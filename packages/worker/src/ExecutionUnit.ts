@@ -71,10 +71,16 @@ export interface Options {
   readonly permits: Permits
   /** The containment to run under (default: detected once per process, see `Containment.detect`). */
   readonly containment?: Containment.Plan
-  /** Called once the unit is spawned, before it is told to start: persist the group here. */
-  readonly onSpawn: (runner: { readonly pid: number; readonly pgid: number; readonly startTime: string | null }) => Promise<void>
+  /** Called once the unit is spawned, before it is told to start: persist the group (and the unit's cgroup, at the cgroup levels) here. */
+  readonly onSpawn: (runner: { readonly pid: number; readonly pgid: number; readonly startTime: string | null; readonly cgroup: string | null }) => Promise<void>
   /** Called for each phase the unit enters, in order. */
   readonly onPhase: (phase: PhaseModel.Phase, at: number) => Promise<void>
+  /**
+   * Called once when the kill begins (deadline or stop), after the last `onPhase` and before any
+   * signal: from then on nothing the unit stages is its result, so persist that here. Its failure
+   * does not hold up the kill.
+   */
+  readonly onKill?: () => Promise<void>
   /** Aborting ends the unit at once (the device is shutting down). */
   readonly signal?: AbortSignal
   /** The unit's script (defaults to the package's built `unit` entry). */
@@ -132,6 +138,7 @@ export const run = async (opts: Options): Promise<End> => {
     let exited!: () => void
     const exit = new Promise<void>((r) => (exited = r))
     let exitInfo = ""
+    let spawnPersisted: Promise<void> = Promise.resolve()
 
     child.stderr?.setEncoding("utf8")
     child.stderr?.on("data", (d: string) => {
@@ -177,6 +184,10 @@ export const run = async (opts: Options): Promise<End> => {
     const kill = (kind: "deadline" | "stopped") =>
       finish(async () => {
         const at = phase
+        // No phase is journaled after this (messages are ignored once ending) and the runner is persisted,
+        // so the callback sees the record settled.
+        await Promise.all([chain, spawnPersisted])
+        await opts.onKill?.().catch(() => {})
         const signals: Array<NodeJS.Signals> = []
         if (opts.job.scanner.stop === "SIGTERM" && ready && box.signalOthers("SIGTERM") > 0) {
           signals.push("SIGTERM")
@@ -201,12 +212,16 @@ export const run = async (opts: Options): Promise<End> => {
         await chain
         if (journalError !== null) return { kind: "failed", phase, level, message: `the phase journal could not be written: ${journalError}` }
         if (staged) {
+          let doc: UnitProtocol.StageFile
           try {
-            const doc = await UnitProtocol.readStaged(opts.job.stageFile, UnitProtocol.OutputLimitsSchema.parse(opts.job.limits ?? {}))
-            return { kind: "staged", phase, level, staged: doc, unitPeakRssKiB: peakRss, leftovers }
+            doc = await UnitProtocol.readStaged(opts.job.stageFile, UnitProtocol.OutputLimitsSchema.parse(opts.job.limits ?? {}))
           } catch (e) {
             return { kind: "failed", phase, level, message: `the staged result could not be read: ${(e as Error).message}` }
           }
+          // Staged as the deadline passed, before its timer ran here: the deadline ended the stage all the same.
+          if (!UnitProtocol.stagedInTime(doc, opts.deadline))
+            return { kind: "deadline", phase, level, signals: leftovers > 0 ? ["SIGKILL"] : [], survivors: [], scannerStarted, log: moduleLog }
+          return { kind: "staged", phase, level, staged: doc.staged, unitPeakRssKiB: peakRss, leftovers }
         }
         const why = failure ?? `the execution unit ended (${exitInfo}) without staging a result${stderr ? `: ${stderr.trim()}` : ""}`
         return { kind: "failed", phase, level, message: why }
@@ -296,8 +311,10 @@ export const run = async (opts: Options): Promise<End> => {
     opts.signal?.addEventListener("abort", onStop, { once: true })
     const timer = setTimeout(() => void kill("deadline"), Math.max(0, opts.deadline - Date.now()))
 
-    const runner = { pid, pgid: pid, startTime: ProcessTree.startTime(pid) }
-    opts.onSpawn(runner).then(
+    const runner = { pid, pgid: pid, startTime: ProcessTree.startTime(pid), cgroup: box.cgroup }
+    const spawning = opts.onSpawn(runner)
+    spawnPersisted = spawning.catch(() => {})
+    spawning.then(
       () => {
         persisted = true
         startIfReady()

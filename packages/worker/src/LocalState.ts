@@ -31,7 +31,13 @@ export const legacyFleet = "legacy"
 
 /** Where the execution unit of an assignment runs, so a restart can kill it. */
 export const RunnerSchema = z
-  .object({ pid: z.number().int().positive(), pgid: z.number().int().positive(), startTime: z.string().nullable() })
+  .object({
+    pid: z.number().int().positive(),
+    pgid: z.number().int().positive(),
+    startTime: z.string().nullable(),
+    /** The unit's cgroup (cgroup levels): what a restart reclaims from it counts as the unit's survivors. Absent in records of older versions. */
+    cgroup: z.string().nullable().optional()
+  })
   .strict()
 /** A runner process group. */
 export type Runner = z.infer<typeof RunnerSchema>

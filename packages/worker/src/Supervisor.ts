@@ -1,7 +1,6 @@
 import { Deadline, Findings, LogLine, PhaseModel, WorkerApi } from "@scanfleet/core"
 import { Cause, Clock, Context, Data, Deferred, Duration, Effect, Exit, Fiber, FiberSet, Layer, ManagedRuntime, Option, Runtime, type Scope, Stream, SubscriptionRef } from "effect"
-import { existsSync } from "node:fs"
-import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises"
+import { mkdir, mkdtemp, readdir, readFile, rename, rm, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { basename, join } from "node:path"
 import type { z } from "zod"
@@ -14,6 +13,7 @@ import * as Permits from "./Permits.js"
 import * as ProcessTree from "./ProcessTree.js"
 import * as Redaction from "./Redaction.js"
 import * as Scanner from "./Scanner.js"
+import * as UnitProtocol from "./UnitProtocol.js"
 
 /**
  * The device controller, one Effect program: it registers with the server
@@ -237,9 +237,9 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
     yield* Scanner.requireBinaries(spec)
     const plan = yield* Containment.detect({ force: opts.containment })
     yield* lock(`${opts.state}.lock`)
-    // Unit cgroups a dead controller left behind (their units died with it) are emptied and removed
-    // before any unit of this one runs.
-    yield* Containment.reclaim(plan)
+    // Unit cgroups a dead controller left behind (their units died with it, or were stopped) are emptied
+    // and removed before any unit of this one runs; recovery counts what died there as its units' survivors.
+    const reclaimed = yield* Containment.reclaim(plan)
     const state = yield* Effect.provide(LocalState.State, yield* Layer.build(LocalState.layer(opts.state)))
     const client = Client.make({ server: opts.server, token: opts.token })
     const redactor = Redaction.make({ server: opts.server, token: opts.token, scanner: spec, fleetKey: opts.fleetKey, rawUpload: opts.rawUpload })
@@ -250,6 +250,35 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
     const workRoot = opts.workRoot ?? tmpdir()
     const stageDir = `${opts.state}.stage`
     yield* Effect.promise(() => mkdir(stageDir, { recursive: true }))
+    // The fleet is in the name: a reservation id alone repeats across databases.
+    const stageFileOf = (k: LocalState.Key) => join(stageDir, `${k.fleetId}-r${k.reservationId}.json`)
+    /** Removes an assignment's stage file, and the unit's half-written one, once nothing can come of them. */
+    const dropStage = (k: LocalState.Key) =>
+      Effect.asVoid(Effect.promise(() => Promise.all([rm(stageFileOf(k), { force: true }), rm(`${stageFileOf(k)}.tmp`, { force: true })])))
+    // Work folders are removed off the slot's path (a scanner may leave hundreds of thousands of files
+    // there): renamed away at once, so nothing reuses the path, then deleted in the background. The
+    // name says which controller deletes it; one whose controller died is swept at the next start.
+    const removals = yield* FiberSet.make()
+    const trashOf = /^scanfleet-r\d+-.+\.removing-(\d+)$/
+    const removeInBackground = (dir: string | null) =>
+      dir === null
+        ? Effect.void
+        : Effect.asVoid(
+            FiberSet.run(
+              removals,
+              Effect.tryPromise(() => rm(dir, { recursive: true, force: true })).pipe(
+                Effect.catchAll((e) => emit({ type: "error", message: `could not remove the work folder ${dir}: ${e.error instanceof Error ? e.error.message : String(e.error)}` }))
+              )
+            )
+          )
+    /** Renames a work folder out of the way; the path to remove (null when there is none). */
+    const moveAway = (dir: string) =>
+      Effect.promise(() => rename(dir, `${dir}.removing-${process.pid}`).then(() => `${dir}.removing-${process.pid}`, (e: NodeJS.ErrnoException) => (e.code === "ENOENT" ? null : dir)))
+    const discard = (dir: string) => Effect.flatMap(moveAway(dir), removeInBackground)
+    for (const name of yield* Effect.promise(() => readdir(workRoot).catch(() => [] as Array<string>))) {
+      const m = trashOf.exec(name)
+      if (m !== null && !ProcessTree.isAlive(Number(m[1]))) yield* removeInBackground(join(workRoot, name))
+    }
     const runtime = yield* Effect.runtime<never>()
     const runPromise = Runtime.runPromise(runtime)
     const now = Clock.currentTimeMillis
@@ -335,6 +364,7 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
         // The record first: once the result is queued, the outbox may finish the assignment at any moment.
         yield* state.putAssignment({ ...a, status: "delivering", outcome, finalPhase })
         yield* state.putResult({ ...k, afterSeq: e.seq, body: resultBody(a.fence, outcome, finalPhase, [], log) })
+        yield* dropStage(k)
         yield* outbox.notify
       })
 
@@ -345,6 +375,7 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
         const a = yield* mustGet(k)
         yield* state.putAssignment({ ...a, status: "delivering", finalPhase })
         yield* state.putResult({ ...k, afterSeq: e.seq, kind: "release", body: { fence: a.fence } })
+        yield* dropStage(k)
         yield* outbox.notify
       })
 
@@ -367,7 +398,7 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
         const waiting = cur.phase === "awaiting_receipt" ? cur.lastSeq : (yield* append(k, "awaiting_receipt")).seq
         yield* state.putAssignment({ ...(yield* mustGet(k)), status: "delivering", outcome, finalPhase })
         yield* state.putResult({ ...k, afterSeq: waiting, body })
-        if (a.stageFile) yield* Effect.promise(() => rm(a.stageFile!, { force: true }))
+        yield* dropStage(k)
         yield* outbox.notify
       })
 
@@ -429,6 +460,7 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
           (end.survivors.length > 0 ? `; survivors: ${end.survivors.join(", ")}` : "")
         yield* state.append(k, { kind: "phase", phase: "failed", at: yield* now, detail: detail.slice(0, 1000) }, "local")
         yield* state.putAssignment({ ...(yield* mustGet(k)), status: "done", finalPhase: end.phase, note: message.slice(0, 1000) })
+        yield* dropStage(k)
         yield* emit({ type: "delivered", ...k, delivered: { kind: "refused", message } })
       })
 
@@ -446,8 +478,7 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
           expiry: view.deadlines.assignmentExpiry.at + offset
         }
         const workDir = yield* Effect.promise(() => mkdtemp(join(workRoot, `scanfleet-r${id}-`)))
-        // The fleet is in the name: a reservation id alone repeats across databases.
-        const stageFile = join(stageDir, `${view.fleetId}-r${id}.json`)
+        const stageFile = stageFileOf(k)
         yield* state.putAssignment({
           ...k,
           slot,
@@ -472,7 +503,7 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
         const vars = { source: view.target.source, identity: view.target.identity, workDir, targetId: view.target.id }
         if (!Scanner.supports(spec, view.target.source)) {
           // Nothing to run: the target is unresolved for this scanner, and the slot is free at once.
-          yield* Effect.promise(() => rm(workDir, { recursive: true, force: true }))
+          yield* discard(workDir)
           yield* state.putAssignment({ ...(yield* mustGet(k)), tmpDir: null })
           yield* state.putSlot({ slot, fleetId: null, reservationId: null, updatedAt: yield* now })
           yield* emit({ type: "slot_freed", slot, ...k, at: yield* now, end: "unsupported", scanDeadline: deadlines.scan })
@@ -510,7 +541,10 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
             ...(opts.childPath !== undefined ? { childPath: opts.childPath } : {}),
             onSpawn: (runner) => runPromise(Effect.flatMap(mustGet(k), (a) => state.putAssignment({ ...a, runner }))),
             onPhase: (phase, at) =>
-              runPromise(Effect.zipRight(state.append(k, { kind: "phase", phase, at, ...(phase === "preparing" ? { detail: starting } : {}) }), outbox.notify))
+              runPromise(Effect.zipRight(state.append(k, { kind: "phase", phase, at, ...(phase === "preparing" ? { detail: starting } : {}) }), outbox.notify)),
+            // The kill began: whatever the unit stages from now on (a scanner told to stop may still exit 0) is
+            // not the scan's result, and a restart in the middle of the kill must not take it for one.
+            onKill: () => runPromise(Effect.zipRight(Effect.flatMap(mustGet(k), (a) => state.putAssignment({ ...a, stageFile: null })), dropStage(k)))
           })
         )
         running.delete(unitKey(k))
@@ -520,12 +554,20 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
         // The unit and everything it started are gone and its permit is back:
         // release its files and free the slot. The result is produced next,
         // before the slot claims again; a crash in between leaves an open
-        // assignment that recovery finishes.
-        yield* Effect.promise(() => rm(workDir, { recursive: true, force: true }))
+        // assignment that recovery finishes. The work folder is removed last,
+        // in the background: neither the slot nor the result waits for it.
+        const doomed = yield* moveAway(workDir)
         yield* state.putAssignment({ ...(yield* mustGet(k)), runner: null, tmpDir: null })
         yield* state.putSlot({ slot, fleetId: null, reservationId: null, updatedAt: yield* now })
         yield* emit({ type: "slot_freed", slot, ...k, at: yield* now, end: cancelled ? "cancelled" : end.kind, scanDeadline: deadlines.scan })
+        return yield* Effect.ensuring(settle(k, end, cancelled), removeInBackground(doomed))
+      })
+
+    /** Produces the result of a scan stage that ended (or the local end of a cancelled one). */
+    const settle = (k: LocalState.Key, end: ExecutionUnit.End, cancelled: { readonly end: Extract<ExecutionUnit.End, { kind: "deadline" | "stopped" }>; readonly message: string } | null) =>
+      Effect.gen(function* () {
         if (cancelled) return yield* finishCancelled(k, cancelled.end, cancelled.message)
+        const a = yield* mustGet(k)
         switch (end.kind) {
           case "deadline":
             return yield* finishEarly(
@@ -533,7 +575,7 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
               "timed_out",
               "killed_at_deadline",
               end.phase,
-              `the target-scan deadline (${clockIso(deadlines.scan)} on this device's clock) fired during ${end.phase}; ` +
+              `the target-scan deadline (${clockIso(a.deadlines.scan)} on this device's clock) fired during ${end.phase}; ` +
                 `sent ${end.signals.join(", ") || "nothing (the unit had already ended)"} to the unit (containment ${end.level})` +
                 (scannerStarted(end) ? "" : "; the scanner never started") +
                 (end.survivors.length > 0 ? `; survivors: ${end.survivors.join(", ")}` : "") +
@@ -553,8 +595,10 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
     const recover = Effect.gen(function* () {
       for (const a of yield* state.assignments({ open: true })) {
         const k: LocalState.Key = { fleetId: a.fleetId, reservationId: a.reservationId }
-        const killed = a.runner ? yield* Effect.promise(() => ProcessTree.killStale(a.runner!)) : []
-        if (a.tmpDir) yield* Effect.promise(() => rm(a.tmpDir!, { recursive: true, force: true }))
+        // The unit's survivors: what the start reclaimed from its cgroup, and what was left of its group.
+        const fromCgroup = a.runner?.cgroup ? (reclaimed.get(a.runner.cgroup) ?? []) : []
+        const killed = a.runner ? [...new Set([...fromCgroup, ...(yield* Effect.promise(() => ProcessTree.killStale(a.runner!)))])] : []
+        if (a.tmpDir) yield* discard(a.tmpDir)
         yield* state.putAssignment({ ...(yield* mustGet(k)), runner: null, tmpDir: null })
         yield* emit({ type: "recovered", ...k, phase: a.phase, killed })
         const last = yield* state.result(k)
@@ -604,20 +648,22 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
           }
           continue
         }
-        // A scan stage that staged its result before the crash resumes at the upload stage.
-        const staged =
-          a.stageFile && existsSync(a.stageFile)
-            ? yield* Effect.promise(() =>
-                readFile(a.stageFile!, "utf8").then(
-                  (t) => Scanner.StagedSchema.safeParse(JSON.parse(t)).data ?? null,
-                  () => null
-                ).catch(() => null)
-              )
-            : null
+        // A scan stage that staged its result before the crash resumes at the upload stage. The result is
+        // the scan's only if it was staged before the target-scan deadline and before the kill began (a
+        // kill revokes the record's stage file): a scanner that exits 0 on the deadline's SIGTERM found nothing.
+        const stage = a.stageFile === null ? null : yield* Effect.promise(() => UnitProtocol.readStaged(a.stageFile!).catch(() => null))
+        const staged = stage !== null && UnitProtocol.stagedInTime(stage, a.deadlines.scan) ? stage.staged : null
         if (staged !== null) yield* finishThroughUpload(k, classified(staged), "staging", staged)
         else if (PhaseModel.isScanStage(phaseNow) || phaseNow === "assigned") {
           if ((yield* now) >= a.deadlines.scan)
-            yield* finishEarly(k, "timed_out", "killed_at_deadline", phaseNow, `the target-scan deadline passed while the controller was down; the scan stage ended during ${phaseNow}`)
+            yield* finishEarly(
+              k,
+              "timed_out",
+              "killed_at_deadline",
+              phaseNow,
+              `the target-scan deadline passed while the controller was down; the scan stage ended during ${phaseNow}` +
+                (stage !== null ? `; the result it staged at ${clockIso(stage.stagedAt)}, at or after the deadline, was discarded` : "")
+            )
           else yield* finishEarly(k, "failed", "scan_error", phaseNow, `the controller restarted during ${phaseNow}; the execution unit was lost`)
         } else {
           // The upload stage began but neither the staged file nor the queued result survived.

@@ -79,11 +79,24 @@ export const ToController = z.discriminatedUnion("t", [
 /** A message from a unit. */
 export type ToController = z.infer<typeof ToController>
 
+/** The stage file as the unit writes it: the result and when the unit staged it (device clock, epoch milliseconds). */
+export const StageFileSchema = z.object({ stagedAt: z.number(), staged: Scanner.StagedSchema }).strict()
+/** A stage file's content. */
+export type StageFile = z.infer<typeof StageFileSchema>
+
 /**
- * Reads a staged result without trusting its size: a file larger than any
+ * Whether a stage file is the scan's result: only what was staged before the
+ * target-scan deadline is. The scan stage has one hard deadline, and a
+ * scanner that exits cleanly on the deadline's SIGTERM ("nothing found") must
+ * not turn a timeout into a completed scan.
+ */
+export const stagedInTime = (file: StageFile, scanDeadline: number): boolean => file.stagedAt < scanDeadline
+
+/**
+ * Reads a stage file without trusting its size: a file larger than any
  * result the unit can write (its limits bound it) is refused unread.
  */
-export const readStaged = async (file: string, limits: OutputLimits = defaultLimits): Promise<Scanner.Staged> => {
+export const readStaged = async (file: string, limits: OutputLimits = defaultLimits): Promise<StageFile> => {
   const bound = limits.maxFindingsBytes + limits.maxLogChars * 4 + 64 * 1024
   const size = (await stat(file)).size
   if (size > bound) throw new Error(`the staged result is ${size} bytes, more than the ${bound} a unit writes`)
@@ -91,7 +104,7 @@ export const readStaged = async (file: string, limits: OutputLimits = defaultLim
   try {
     const buf = Buffer.alloc(size)
     await fh.read(buf, 0, size, 0)
-    return Scanner.StagedSchema.parse(JSON.parse(buf.toString("utf8")))
+    return StageFileSchema.parse(JSON.parse(buf.toString("utf8")))
   } finally {
     await fh.close()
   }

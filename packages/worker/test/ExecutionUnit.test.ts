@@ -114,6 +114,18 @@ describe("the scan-stage watchdog", () => {
     expect(end.settledAt).toBeLessThan(u.deadline)
   })
 
+  it("a helper the scanner left still writing into the work folder does not cost a finished scan its result: the findings are staged and the helper dies with the unit", async () => {
+    const pidFile = join(dir, "leftover.pids")
+    const u = supervise(command("leftover"), { deadlineMs: 20_000, args: [Unit.adversary("leftover-writer"), pidFile] })
+    const end = await u.end
+    expect(end.kind, end.kind === "failed" ? end.message : "").toBe("staged")
+    if (end.kind !== "staged") return
+    expect(end.staged).toMatchObject({ kind: "exit", code: 3, findings: [{ detector: "LeftoverWriter", file: "config.yml" }] })
+    expect(u.phases.at(-1)).toBe("staging")
+    expect(recorded(pidFile)).toHaveLength(2)
+    for (const pid of recorded(pidFile)) expect(ProcessTree.isAlive(pid), `pid ${pid} survived`).toBe(false)
+  })
+
   it("findings beyond the output limits are cut, and the result says how many", async () => {
     const u = supervise(command("exit"), { deadlineMs: 20_000, args: [Unit.adversary("exit-code"), "0", "50"], limits: { maxFindings: 7, maxStdoutFileBytes: 100 } })
     const end = await u.end

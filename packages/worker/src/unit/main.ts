@@ -131,7 +131,9 @@ const runCommand = async (job: UnitProtocol.Job, spec: Extract<Scanner.ParsedSpe
   const cut = out.cut()
   const text = log.text(Output.describeCut(cut, limits, out.malformed()))
   enter("cleanup")
-  await rm(job.workDir, { recursive: true, force: true })
+  // A helper the scanner left (a daemon still writing here) can keep the folder from emptying. That
+  // costs nothing: the controller removes the folder once the box is empty, so the result stands.
+  await rm(job.workDir, { recursive: true, force: true }).catch(() => {})
   return { kind: "exit", code: done.code, signal: done.signal, findings: [...out.findings()], malformed: out.malformed(), log: text, cut: { ...cut, logChars: log.dropped() } }
 }
 
@@ -174,12 +176,13 @@ const run = async (raw: UnitProtocol.Job) => {
     const staged = spec.kind === "command" ? await runCommand(job, spec) : await runModule(job, spec)
     enter("staging")
     const tmp = `${job.stageFile}.tmp`
-    await writeFile(tmp, JSON.stringify(staged))
+    const stagedAt = Date.now()
+    await writeFile(tmp, JSON.stringify({ stagedAt, staged } satisfies UnitProtocol.StageFile))
     const fh = await open(tmp, "r")
     await fh.sync()
     await fh.close()
     await rename(tmp, job.stageFile)
-    await send({ t: "staged", at: Date.now(), peakRssKiB: peakRssKiB() })
+    await send({ t: "staged", at: stagedAt, peakRssKiB: peakRssKiB() })
     process.exit(0)
   } catch (e) {
     await send({ t: "failed", message: String(e instanceof Error && e.stack ? e.stack : e).slice(0, 4000), at: Date.now() })

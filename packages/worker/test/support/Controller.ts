@@ -50,8 +50,9 @@ export const bundleEntry = async (entry: string, name: string, dir: string, opts
 export const cliPath = `${outDir}cli.js`
 
 /**
- * Starts `scanfleet-worker` with arguments. Not async on purpose: awaiting a
- * subprocess waits for its exit, and callers need it running.
+ * Starts `scanfleet-worker` with arguments (and environment variables beside
+ * the test's). Not async on purpose: awaiting a subprocess waits for its
+ * exit, and callers need it running.
  */
-export const spawnCli = (args: ReadonlyArray<string>): ResultPromise<{ reject: false; all: true }> =>
-  execa(process.execPath, [cliPath, ...args], { reject: false, all: true, env: process.env })
+export const spawnCli = (args: ReadonlyArray<string>, env: Record<string, string> = {}): ResultPromise<{ reject: false; all: true }> =>
+  execa(process.execPath, [cliPath, ...args], { reject: false, all: true, env: { ...process.env, ...env } })
