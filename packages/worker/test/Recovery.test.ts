@@ -1,5 +1,5 @@
 import { PhaseModel } from "@scanfleet/core"
-import { LocalState, ProcessTree } from "@scanfleet/worker"
+import { ProcessTree } from "@scanfleet/worker"
 import { execa } from "execa"
 import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
@@ -11,6 +11,7 @@ import { plan } from "./support/Contained.js"
 import * as Fleet from "./support/Fleet.js"
 import { useNoOrphans } from "./support/NoOrphans.js"
 import * as Poll from "./support/Poll.js"
+import { peek } from "./support/State.js"
 
 useNoOrphans()
 
@@ -34,15 +35,6 @@ afterEach(async () => {
 const until = <A>(what: string, f: () => Promise<A | undefined | null | false>, ms = 60_000): Promise<A> => Poll.until(what, f, ms, 50)
 
 /** Reads the state file the way `status` does, while a controller may be writing it. */
-const peek = async <A>(file: string, f: (s: LocalState.LocalState) => Promise<A>): Promise<A> => {
-  const s = await LocalState.open(file)
-  try {
-    return await f(s)
-  } finally {
-    await s.close()
-  }
-}
-
 let n = 0
 const controller = (fleet: Fleet.Fleet, state: string, scanner = "demo:slow") => {
   const p = spawnCli(["run", "--server", fleet.url, "--token", fleet.token, "--slots", "1", "--scanner", scanner, "--state", state, "--grace-ms", "300", "--poll-ms", "50"])
@@ -118,10 +110,7 @@ describe("crash recovery and shutdown of the worker process", () => {
     })
 
     const { p: second } = controller(fleet, state)
-    const done = await until("the result at the server", async () => {
-      const x = await fleet.assignment(a.reservationId)
-      return x.outcome !== null ? x : null
-    })
+    const done = await fleet.settled(a.reservationId)
     expect(done).toMatchObject({ outcome: "scan_error", finalPhase: "scanning" })
     second.kill("SIGTERM")
     expect((await second).exitCode).toBe(0)
@@ -145,10 +134,7 @@ describe("crash recovery and shutdown of the worker process", () => {
     await first
     await new Promise((r) => setTimeout(r, Math.max(0, a.deadlines.scan - Date.now() + 100)))
     const { p: second } = controller(fleet, state)
-    const done = await until("the result at the server", async () => {
-      const x = await fleet.assignment(a.reservationId)
-      return x.outcome !== null ? x : null
-    })
+    const done = await fleet.settled(a.reservationId)
     expect(done.outcome).toBe("killed_at_deadline")
     expect(done.finalPhase).toBe("scanning")
     second.kill("SIGTERM")

@@ -1,4 +1,4 @@
-import { type Containment, LocalState, ProcessTree, Scanner, Supervisor } from "@scanfleet/worker"
+import { type Containment, ProcessTree, Scanner, Supervisor } from "@scanfleet/worker"
 import { execa } from "execa"
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmdirSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
@@ -9,6 +9,7 @@ import { bundle, cliPath, spawnCli } from "./support/Controller.js"
 import * as Fleet from "./support/Fleet.js"
 import { useNoOrphans } from "./support/NoOrphans.js"
 import * as Poll from "./support/Poll.js"
+import { peek } from "./support/State.js"
 import * as Unit from "./support/Unit.js"
 
 useNoOrphans()
@@ -34,15 +35,6 @@ afterEach(async () => {
 })
 
 const until = <A>(what: string, f: () => Promise<A | undefined | null | false> | A | undefined | null | false, ms = 60_000): Promise<A> => Poll.until(what, f, ms, 25)
-
-const peek = async <A>(file: string, f: (s: LocalState.LocalState) => Promise<A>): Promise<A> => {
-  const s = await LocalState.open(file)
-  try {
-    return await f(s)
-  } finally {
-    await s.close()
-  }
-}
 
 /** The pids the scanner's processes recorded. */
 const recorded = (file: string): Array<number> => (existsSync(file) ? readFileSync(file, "utf8").trim().split("\n").filter(Boolean).map(Number) : [])
@@ -103,10 +95,7 @@ describe(`a controller killed around its unit's end (containment ${weaker})`, ()
     await first
 
     const second = controller(fleet, state, scanner, weaker, 20_000)
-    const done = await until("the result at the server", async () => {
-      const x = await fleet.assignment(a.reservationId)
-      return x.outcome !== null ? x : null
-    })
+    const done = await fleet.settled(a.reservationId)
     expect(done).toMatchObject({ outcome: "killed_at_deadline", finalPhase: "scanning" })
     second.kill("SIGTERM")
     expect((await second).exitCode).toBe(0)
@@ -194,10 +183,7 @@ describe.skipIf(cgroupV2 === null)("a controller that crashed while its scanner 
     expect([unit, scannerPid].filter((p) => ProcessTree.isAlive(p))).toEqual([unit, scannerPid])
 
     const second = controller(fleet, state, scanner, "cgroup-v2", 300, own)
-    const done = await until("the result at the server", async () => {
-      const x = await fleet.assignment(a.reservationId)
-      return x.outcome !== null ? x : null
-    })
+    const done = await fleet.settled(a.reservationId)
     expect(done).toMatchObject({ outcome: "scan_error", finalPhase: "scanning" })
     second.kill("SIGTERM")
     expect((await second).exitCode).toBe(0)

@@ -2,6 +2,7 @@ import { Config, FindingStore, Store } from "@scanfleet/core"
 import { Database, Server, ServerConfig } from "@scanfleet/server-example"
 import { Effect, Layer, ManagedRuntime } from "effect"
 import { createServer, Socket, type Server as NetServer } from "node:net"
+import * as Poll from "./Poll.js"
 
 /**
  * The real scanfleet server (server-example over the in-memory store) on
@@ -24,6 +25,8 @@ export interface Fleet {
   readonly timeline: (reservationId: number) => Promise<ReadonlyArray<{ seq: number; kind: string; phase: string; at: number; detail?: string; acceptedAt: number }>>
   /** The server's view of a reservation. */
   readonly assignment: (reservationId: number) => Promise<{ state: string; outcome: string | null; finalPhase: string | null; expiresAt: number; lastSeq: number }>
+  /** The server's view of a reservation once its result is accepted (polled; fails after `ms`). */
+  readonly settled: (reservationId: number, ms?: number) => Promise<{ state: string; outcome: string | null; finalPhase: string | null; expiresAt: number; lastSeq: number }>
   /** Every finding the server stored. */
   readonly findings: () => Promise<ReadonlyArray<{ readonly detector: string; readonly path: string; readonly fingerprint: string; readonly preview: string; readonly details: unknown }>>
   /** An operator cancels a reservation through the admin API. */
@@ -72,6 +75,13 @@ export const start = async (opts: {
     seed: (ids) => rt.runPromise(store.recordObservations(ids.map((identity) => ({ source: "github" as const, identity, remoteAt: null })), Date.now())).then(() => {}),
     timeline: (id) => rt.runPromise(store.timeline(id)) as any,
     assignment: (id) => rt.runPromise(store.getAssignment(id)),
+    settled: (id, ms = 60_000) =>
+      Poll.until(
+        "the result at the server",
+        () => rt.runPromise(store.getAssignment(id)).then((x) => (x.outcome !== null ? x : null)),
+        ms,
+        50
+      ),
     findings: () => rt.runPromise(Effect.flatMap(FindingStore.FindingStore, (f) => f.list({ limit: 10_000 }))).then((p) => p.findings),
     cancel: (id, reason) => admin(`/v1/admin/assignments/${id}/cancel`, { reason }).then(() => {}),
     revoke: (reason) => admin(`/v1/admin/devices/${dev.device.id}?${new URLSearchParams({ reason })}`, undefined, "DELETE").then(() => {}),
