@@ -464,6 +464,7 @@ Every string that crosses the HTTP edge is refused with 400 and the path of the 
 - A path id is exactly one segment of digits without a leading zero (at most 15): \`1;x\`, \`1/\`, \`01\` or \`1%3B\` get 400 \`invalid_path\`, never the resource \`1\`. Every path parameter (\`:source\` too) is the whole segment as sent, in a path with nothing after its route (not even a trailing \`/\`): a segment holding \`;\` or \`#\`, or whose percent-encoding is not UTF-8, gets 400 \`invalid_path\` at the parameter, whatever follows it.
 - An endpoint under \`/v1\` whose reference shows no query string takes none: any query key is 400 \`invalid_query\` at the key, as the endpoints that read a query refuse an unknown or repeated one.
 - A number in a query (\`limit\`, \`after\`, \`before\`, \`windowHours\`) is written in decimal digits and nothing else: \`1e3\`, \` 1\`, \`0x10\`, \`+1\`, \`1.0\` for an integer, and an empty value get 400 \`invalid_query\` at the field.
+- A query is read as a form (\`+\` is a space, \`%XX\` a byte), and its bytes must be UTF-8: a key or value that is not, once percent-decoded (\`prefix=%FF\`), is 400 \`invalid_query\` at its key, never read as replacement characters.
 
 Each core error class maps to one status: \`ClaimRejected\` 409, \`ReservationRefused\` 403, \`ProgressRejected\` 422, \`NotFound\` 404.
 

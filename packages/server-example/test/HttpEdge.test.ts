@@ -4,6 +4,7 @@ import { connect } from "node:net"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as ApiReference from "../src/ApiReference.js"
 import * as Database from "../src/Database.js"
+import * as Request from "../src/internal/Request.js"
 import { sqliteFile } from "./fixtures/Databases.js"
 import { adminToken, liveReservation, start, type Running } from "./fixtures/Harness.js"
 
@@ -214,6 +215,38 @@ describe("the HTTP edge, byte for byte, on SQLite", () => {
     const r = await exchange(port, http11("GET", "/v1/admin/assignments?state=active&limit=5", adminToken))
     expect(r.status, r.text).toBe(200)
     expectInvalidAt(await exchange(port, http11("GET", "/v1/admin/assignments?state=active&state=active", adminToken)), "invalid_query", "state", "repeated key")
+  })
+
+  it("a query key or value whose percent-decoded bytes are not UTF-8 is a 400 invalid_query at its key, never read as replacement characters", async () => {
+    const search = "/v1/admin/targets/search"
+    for (const [query, key] of [
+      ["prefix=%FF", "prefix"],
+      ["prefix=a%C0%AF", "prefix"],
+      ["prefix=%ED%A0%80", "prefix"],
+      ["source=github&prefix=%E2%82", "prefix"],
+      ["%FF=1", "%FF"]
+    ] as const)
+      expectInvalidAt(await exchange(port, http11("GET", `${search}?${query}`, adminToken)), "invalid_query", key, query)
+    // UTF-8, a space as `+` and a `%` that escapes nothing are read as the form encoding reads them
+    for (const query of ["prefix=%C5%81ukasz", "prefix=a+b", "prefix=100%25", "prefix=%zz"]) {
+      const r = await exchange(port, http11("GET", `${search}?${query}`, adminToken))
+      expect(r.status, `${query}: ${r.text.slice(0, 300)}`).toBe(200)
+    }
+  })
+
+  it("the query is read as the form encoding reads it, but for bytes that are not UTF-8", () => {
+    expect(Request.queryPairs("/x?a=%C5%81&b=x+y&c=%zz&&d&e=1=2#f=3")).toEqual([
+      ["a", "a", "Ł"],
+      ["b", "b", "x y"],
+      ["c", "c", "%zz"],
+      ["d", "d", ""],
+      ["e", "e", "1=2"]
+    ])
+    expect(Request.queryPairs("/x?a=%FF&%C3=1")).toEqual([
+      ["a", "a", undefined],
+      ["%C3", undefined, "1"]
+    ])
+    expect(Request.queryPairs("/x")).toEqual([])
   })
 
   // Every number a query takes: the path (with the query the endpoint needs besides) and the field.

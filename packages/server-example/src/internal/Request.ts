@@ -5,7 +5,6 @@ import { Effect } from "effect"
 import type { z } from "zod"
 import { ApiError, invalid } from "../ApiError.js"
 import { Settings } from "../ServerConfig.js"
-import * as Url from "./Url.js"
 
 const tooLarge = (limit: number) =>
   new ApiError({
@@ -160,13 +159,15 @@ export const body = <S extends z.ZodType>(schema: S, limit: number): Effect.Effe
  */
 export const query = <S extends z.ZodType>(schema: S, omit: ReadonlyArray<string> = []): Effect.Effect<z.output<S>, ApiError, HttpServerRequest.HttpServerRequest> =>
   Effect.flatMap(HttpServerRequest.HttpServerRequest, (req) => {
-    const url = Url.parse(req.url)
     const obj: Record<string, string | Array<string>> = {}
-    for (const [k, v] of url.searchParams) {
-      if (omit.includes(k)) continue
-      const why = refuseString(k, WorkerApi.maxQueryLength) ?? refuseString(v, WorkerApi.maxQueryLength)
+    for (const [rawKey, k, v] of queryPairs(req.url)) {
+      if (k !== undefined && omit.includes(k)) continue
+      const why =
+        k === undefined || v === undefined ? "is not UTF-8 once percent-decoded" : (refuseString(k, WorkerApi.maxQueryLength) ?? refuseString(v, WorkerApi.maxQueryLength))
+      const at = (k ?? rawKey).slice(0, WorkerApi.maxQueryLength)
       if (why)
-        return Effect.fail(new ApiError({ status: 400, error: "invalid_query", message: `the request query is invalid: ${k.slice(0, 64)}: ${why}`, issues: [{ path: [k.slice(0, WorkerApi.maxQueryLength)], message: why }] }))
+        return Effect.fail(new ApiError({ status: 400, error: "invalid_query", message: `the request query is invalid: ${at.slice(0, 64)}: ${why}`, issues: [{ path: [at], message: why }] }))
+      if (k === undefined || v === undefined) continue
       const prev = obj[k]
       obj[k] = prev === undefined ? v : Array.isArray(prev) ? [...prev, v] : [prev, v]
     }
@@ -196,6 +197,45 @@ export const textHeader = (name: string, max: number): Effect.Effect<string | un
   })
 
 const utf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true })
+
+/**
+ * The query's pairs in order, as the form encoding reads them (`&` between pairs, `+` a space,
+ * `%XX` a byte, a malformed `%` kept as it is), except that bytes which are not UTF-8 are not
+ * replaced: such a key or value is `undefined`, so the request is refused rather than read as
+ * another text. Each pair also carries its key as sent, to name it in a refusal.
+ */
+export const queryPairs = (target: string): Array<readonly [raw: string, key: string | undefined, value: string | undefined]> => {
+  const start = target.indexOf("?")
+  if (start < 0) return []
+  const end = target.indexOf("#", start)
+  const pairs: Array<readonly [string, string | undefined, string | undefined]> = []
+  for (const part of target.slice(start + 1, end < 0 ? undefined : end).split("&")) {
+    if (part === "") continue
+    const eq = part.indexOf("=")
+    const rawKey = eq < 0 ? part : part.slice(0, eq)
+    pairs.push([rawKey, formDecode(rawKey), formDecode(eq < 0 ? "" : part.slice(eq + 1))])
+  }
+  return pairs
+}
+
+// Node reads the request target's bytes one character each (Latin-1), as for headers.
+const formDecode = (s: string): string | undefined => {
+  const bytes: Array<number> = []
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i)
+    if (c === 0x2b) bytes.push(0x20)
+    else if (c === 0x25 && /^[0-9A-Fa-f]{2}$/.test(s.slice(i + 1, i + 3))) {
+      bytes.push(parseInt(s.slice(i + 1, i + 3), 16))
+      i += 2
+    } else if (c > 0xff) return undefined
+    else bytes.push(c)
+  }
+  try {
+    return utf8.decode(Uint8Array.from(bytes))
+  } catch {
+    return undefined
+  }
+}
 
 const badHeader = (name: string, why: string) =>
   new ApiError({ status: 400, error: "invalid_header", message: `the ${name} header ${why}`, issues: [{ path: ["headers", name.toLowerCase()], message: why }] })
