@@ -111,8 +111,21 @@ export const SourceControlView = z
 /** GET /v1/admin/sources */
 export const SourceControls = z.object({ sources: z.array(SourceControlView) }).strict()
 
-/** POST /v1/admin/devices/:id/sources: the sources a device may claim (null: all; none: it claims nothing, which drains it). */
-export const DeviceSources = z.object({ sources: z.array(SourceSchema).max(4).nullable(), reason: Reason }).strict()
+/** POST /v1/admin/devices/:id/sources: the sources a device may claim (null: all; none: it claims nothing, which drains it), each once. */
+export const DeviceSources = z
+  .object({
+    sources: z
+      .array(SourceSchema)
+      .max(4)
+      .superRefine((sources, ctx) =>
+        sources.forEach((s, i) => {
+          if (sources.indexOf(s) !== i) ctx.addIssue({ code: "custom", path: [i], message: `${s} is listed twice` })
+        })
+      )
+      .nullable(),
+    reason: Reason
+  })
+  .strict()
 
 /** A device as operators see it. */
 export const DeviceDetailView = DeviceView.extend({

@@ -289,7 +289,7 @@ export const operations: ReadonlyArray<Endpoint> = ([
     method: "POST",
     path: "/v1/admin/devices/:id/sources",
     auth: "admin",
-    summary: "Restricts the sources a device may claim (`null`: all; `[]`: none, which drains the device while its active reservations finish). Claims obey it within one second on every instance. Audited.",
+    summary: "Restricts the sources a device may claim (`null`: all; `[]`: none, which drains the device while its active reservations finish; a source listed twice is a 400 at its second place). Claims obey it within one second on every instance. Audited.",
     body: AdminApi.DeviceSources,
     response: { status: 200, schema: AdminApi.DeviceDetailView },
     errors: ["404 no such device"]
