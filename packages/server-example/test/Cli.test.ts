@@ -34,6 +34,10 @@ describe("scanfleet-server CLI (real child processes, SQLite file)", { timeout: 
       if (ServerConfig.flagged.has(field)) expect(sections.some((s) => new RegExp(`^${flag}\\b`).test(s) && s.includes(`(env ${env})`)), `${field}: ${flag} described with ${env}`).toBe(true)
       else expect(new RegExp(`${flag}\\b`).test(help.stdout), `${field}: no ${flag}`).toBe(false)
     }
+    // serve's own --log-level is listed once, without @effect/cli's section for its flag of the same name; a command without its own keeps that one
+    expect(sections.filter((s) => /^--log-level\b/.test(s)).map((s) => s.includes("(env SCANFLEET_LOG_LEVEL)"))).toEqual([true])
+    const deviceHelp = await runCli(["device", "--help"])
+    expect(deviceHelp.stdout.split(/\n(?=--)/).filter((s) => /^--log-level\b/.test(s)).map((s) => s.includes("Sets the minimum log level"))).toEqual([true])
     const bad = await runCli(["serve"], { ...env, SCANFLEET_FINDINGS_RAW_KEY: "short" })
     expect(bad.code).not.toBe(0)
     expect(bad.stderr).toContain("findingsRawKey (SCANFLEET_FINDINGS_RAW_KEY)")

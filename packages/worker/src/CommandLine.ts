@@ -60,6 +60,29 @@ export interface Entry {
 
 const builtIns = ["--help", "-h", "--version", "--log-level", "--wizard", "--completions"]
 
+/**
+ * A command's help without @effect/cli's own section for a flag the command defines itself
+ * (`serve --log-level`): @effect/cli lists both, and can hide its own flags only all together.
+ * A section is a flag's usage line at the start of a line and the indented lines after it.
+ */
+export const withoutShadowedBuiltIns = (help: string): string => {
+  const lines = help.split("\n")
+  const flagOf = (line: string) => /^(?:\(-\w, )?(--[\w-]+)/.exec(line.replace(ansi, ""))?.[1]
+  const starts = lines.flatMap((line, i) => (flagOf(line) === undefined ? [] : [i]))
+  const sections = starts.map((start, k) => {
+    // a section ends at the next flag's usage line or at the next line that is not indented (a heading)
+    let end = start + 1
+    while (end < lines.length && end !== starts[k + 1] && (lines[end] === "" || /^\s/.test(lines[end].replace(ansi, "")))) end++
+    return { flag: flagOf(lines[start])!, start, end, builtIn: lines.slice(start, end).some((l) => builtInDescriptions.includes(l.replace(ansi, "").trim())) }
+  })
+  const dropped = sections.filter((x) => x.builtIn && sections.some((y) => y !== x && y.flag === x.flag && !y.builtIn))
+  if (dropped.length === 0) return help
+  return lines.filter((_, i) => !dropped.some((d) => i >= d.start && i < d.end)).join("\n")
+}
+
+// The descriptions @effect/cli gives its own flags that a command may also define.
+const builtInDescriptions = ["Sets the minimum log level for a command."]
+
 /** The commands and flags of a tree, read from the usage lines @effect/cli writes for it, so they are never listed twice. */
 export const entries = <Name extends string, R, E, A>(command: Command.Command<Name, R, E, A>): ReadonlyArray<Entry> =>
   HelpDoc.toAnsiText(Command.getHelp(command, CliConfig.defaultConfig))
@@ -138,7 +161,7 @@ export const run = async <Name extends string, R, E, A>(app: App<Name, R, E, A>,
   }
   const plain = (s: string) => (io.isTTY ? s : s.replace(ansi, ""))
   const write = (sink: (s: string) => void) => (...args: ReadonlyArray<unknown>) =>
-    Effect.sync(() => sink(`${plain(args.map((a) => (typeof a === "string" ? a : String(a))).join(" "))}\n`))
+    Effect.sync(() => sink(`${plain(withoutShadowedBuiltIns(args.map((a) => (typeof a === "string" ? a : String(a))).join(" ")))}\n`))
   const cli = Command.run(app.command, { name: app.name, version: app.version })
   const program = Effect.consoleWith((base) =>
     cli(["node", app.name, ...argv]).pipe(Effect.withConsole({ ...base, log: write(io.out), info: write(io.out), error: write(io.err), warn: write(io.err) }))
