@@ -1,5 +1,6 @@
 import { Migrator, type SqlClient, type SqlError } from "@effect/sql"
 import { Effect } from "effect"
+import { lockedFirst } from "./internal/MigrationLocks.js"
 import pg0001 from "./migrations/pg/0001_queue.js"
 import pg0002 from "./migrations/pg/0002_history.js"
 import pg0003 from "./migrations/pg/0003_vacuum.js"
@@ -56,8 +57,9 @@ export const ids = (dialect: Dialect): ReadonlyArray<string> => Object.keys(migr
 export const latest: number = Math.max(...ids("pg").map((id) => Number(id.slice(0, 4))))
 
 /**
- * Runs the forward-only migrations of a dialect that have not run yet; returns
- * those it ran as `[id, name]`.
+ * Runs the forward-only migrations of a dialect that have not run yet, in one transaction; returns
+ * those it ran as `[id, name]`. On PostgreSQL each first locks every table it may touch, waiting at
+ * most two seconds (a failure on a lock, `55P03` or `40P01`, may be run again).
  *
  * @example
  * yield* Migrator.migrate("sqlite")
@@ -65,4 +67,7 @@ export const latest: number = Math.max(...ids("pg").map((id) => Number(id.slice(
 export const migrate = (
   dialect: Dialect
 ): Effect.Effect<ReadonlyArray<readonly [id: number, name: string]>, Migrator.MigrationError | SqlError.SqlError, SqlClient.SqlClient> =>
-  Migrator.make({})({ loader: Migrator.fromRecord(migrations[dialect]), table })
+  Migrator.make({})({ loader: Migrator.fromRecord(dialect === "pg" ? lockingFirst : migrations.sqlite), table })
+
+// PostgreSQL's migrations, each taking its tables' locks first (`MigrationLocks.lockedFirst`).
+const lockingFirst = Object.fromEntries(Object.entries(migrations.pg).map(([id, m]) => [id, lockedFirst(m)]))

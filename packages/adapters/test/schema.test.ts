@@ -8,9 +8,10 @@ import { PgClient } from "@effect/sql-pg"
 import type { Errors, Store } from "@scanfleet/core"
 import { describe, expect, it } from "@effect/vitest"
 import { Migrator as SqlMigrator } from "@effect/sql"
-import { Effect, Layer, Redacted } from "effect"
+import { Deferred, Effect, Either, Fiber, Layer, Redacted, Schedule } from "effect"
 import { inject } from "vitest"
 import * as Migrator from "../src/Migrator.js"
+import * as MigrationLocks from "../src/internal/MigrationLocks.js"
 import * as Rollups from "../src/internal/Rollups.js"
 import * as PgStore from "../src/PgStore.js"
 import * as SqliteStore from "../src/SqliteStore.js"
@@ -138,6 +139,78 @@ describe("schema", () => {
         expect(all.count).toBe(201)
       })
     ))
+
+  // The migrations of one dialect up to (not including) `upTo`, as a record the migrator runs.
+  const migrationsBefore = (dialect: Migrator.Dialect, upTo: string) =>
+    Effect.gen(function* () {
+      const record: Record<string, Effect.Effect<void, unknown, SqlClient.SqlClient>> = {}
+      for (const id of Migrator.ids(dialect).filter((i) => i < upTo))
+        record[id] = (yield* Effect.promise(() => import(/* @vite-ignore */ new URL(`../src/migrations/${dialect}/${id}.ts`, import.meta.url).href))).default
+      return record
+    })
+
+  it.live("postgres: the tables a migration locks first are every table the migrations create, but their own", () =>
+    withPg(
+      Effect.gen(function* () {
+        yield* Migrator.migrate("pg")
+        const sql = yield* SqlClient.SqlClient
+        const rows = yield* sql<{ name: string }>`SELECT tablename AS name FROM pg_tables WHERE schemaname = current_schema() AND tablename <> ${Migrator.table}`
+        expect(rows.map((r) => r.name).sort()).toEqual([...MigrationLocks.tables].sort())
+      })
+    ))
+
+  it.live("postgres: an upgrade that meets an older build's statements holding its tables gives way to them and runs again until migrated; their transaction finishes", () =>
+    Effect.scoped(
+      Effect.gen(function* () {
+        const url = urlFor(inject("pgUrl"), yield* schema(inject("pgUrl")))
+        const pool = () => Layer.build(PgClient.layer({ url: Redacted.make(url), types: PgStore.types }))
+        const [migrating, older] = [yield* pool(), yield* pool()]
+        // the schema as an instance of the 0009 era left it
+        const record = yield* migrationsBefore("pg", "0010")
+        yield* Effect.provide(SqlMigrator.make({})({ loader: SqlMigrator.fromRecord(record), table: Migrator.table }), migrating)
+        // An older build's transaction holds `assignments` (a claim inserts a reservation), then, once
+        // the migration waits for it, wants `targets`, which 0010 altered first: a deadlock
+        // PostgreSQL ended by failing the migration, every time.
+        const holding = yield* Deferred.make<void>()
+        const olderWork = Effect.flatMap(SqlClient.SqlClient, (sql) =>
+          sql.withTransaction(
+            Effect.gen(function* () {
+              yield* sql`LOCK TABLE assignments IN ROW EXCLUSIVE MODE`
+              yield* Deferred.succeed(holding, undefined)
+              yield* sql<{ x: number }>`SELECT 1 AS x FROM pg_locks WHERE NOT granted AND relation = to_regclass('assignments')`.pipe(
+                Effect.repeat({ until: (rows) => rows.length > 0, schedule: Schedule.spaced("20 millis") })
+              )
+              return yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM targets`
+            })
+          )
+        )
+        const olderFiber = yield* Effect.fork(Effect.either(Effect.provide(olderWork, older)))
+        yield* Deferred.await(holding)
+        yield* Effect.provide(PgStore.migrate, migrating)
+        const version = yield* Effect.provide(
+          Effect.flatMap(SqlClient.SqlClient, (sql) => sql<{ v: number }>`SELECT max(migration_id)::int AS v FROM ${sql(Migrator.table)}`),
+          migrating
+        )
+        expect(version[0].v).toBe(Migrator.latest)
+        const done = yield* Fiber.join(olderFiber)
+        expect(Either.isRight(done) ? done.right : done.left, "the older build's transaction").toEqual([{ n: 0 }])
+      })
+    ))
+
+  const newer = <R>(dialect: Migrator.Dialect, migrate: Effect.Effect<void, Errors.StoreError, R | SqlClient.SqlClient>) =>
+    Effect.gen(function* () {
+      yield* Migrator.migrate(dialect)
+      const sql = yield* SqlClient.SqlClient
+      yield* sql`INSERT INTO ${sql(Migrator.table)} (migration_id, name) VALUES (${Migrator.latest + 1}, 'from_a_newer_build')`
+      const refused = yield* Effect.flip(migrate)
+      expect(refused.reason).toBe("invalid")
+      expect(refused.message).toContain(`schema is at migration ${Migrator.latest + 1}, newer than this build's ${Migrator.latest}`)
+      // nothing ran, nothing was recorded
+      expect((yield* sql<{ n: number }>`SELECT count(*) AS n FROM ${sql(Migrator.table)}`).map((r) => Number(r.n))).toEqual([Migrator.latest + 1])
+    })
+
+  it.live("postgres: a database whose schema is newer than this build's is refused, not served", () => withPg(newer("pg", PgStore.migrate)))
+  it.live("sqlite: a database whose schema is newer than this build's is refused, not served", () => withSqlite(newer("sqlite", SqliteStore.migrate)))
 
   it.live("a store opened on an already migrated database migrates nothing and works", () =>
     withSqlite(

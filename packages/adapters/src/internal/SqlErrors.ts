@@ -4,7 +4,7 @@ import { Errors } from "@scanfleet/core"
 
 type Reason = Errors.StoreError["reason"]
 
-const codeOf = (cause: unknown): string => {
+export const codeOf = (cause: unknown): string => {
   if (typeof cause !== "object" || cause === null) return ""
   const c = cause as { code?: unknown }
   return typeof c.code === "string" ? c.code : ""
