@@ -28,14 +28,16 @@ export const maxPreview = 24
 const previewHead = 4
 const previewShowsFrom = 12
 
-const previewShape = /^(?:([\s\S]{4})?…\((0|[1-9]\d{0,8})\))?$/u
+const previewShape = /^(?:([\s\S]{1,4})?…\((0|[1-9]\d{0,8})\))?$/u
 // A head a preview shows: no control character, no unpaired surrogate (it would not cross the edge).
-const showable = /^[^\p{Cc}\p{Cs}]{4}$/u
+const showable = /^[^\p{Cc}\p{Cs}]{1,4}$/u
 
 /**
  * True when `text` is a preview as `preview` writes it (or empty, for a finding with no
- * secret value): `…(n)`, or four characters then `…(n)` for a value of 12 or more. So a
- * preview never carries more of a secret than four characters, whatever a device sends.
+ * secret value): `…(n)`, or up to four characters then `…(n)` for a value of 12 or more. So a
+ * preview never carries more of a secret than four characters, whatever a device sends. Fewer
+ * than four are taken too: older devices counted UTF-16 units, so a secret starting with an
+ * emoji showed two characters, and showing less gives nothing away.
  */
 export const isPreview = (text: string): boolean => {
   if (text.length > maxPreview) return false
@@ -47,7 +49,7 @@ export const isPreview = (text: string): boolean => {
 export const Preview = z
   .string()
   .max(maxPreview)
-  .refine(isPreview, "must be a preview as Findings.preview writes it: …(length), or four characters then …(length) for a value of 12 or more")
+  .refine(isPreview, "must be a preview as Findings.preview writes it: …(length), or up to four characters then …(length) for a value of 12 or more")
 
 /** What stands in for a secret value: its fingerprint and a short preview, never the value. */
 export const Redacted = z.object({ redacted: Fingerprint, preview: Preview }).strict()
@@ -131,9 +133,15 @@ export type ReportedInput = z.input<typeof Reported>
 export interface Unredacted {
   readonly path: ReadonlyArray<string | number>
   readonly field: string
+  /** Set when the value is a redaction marker whose preview breaks `isPreview` (so it is not taken as redacted). */
+  readonly badPreview?: true
 }
 
 const isRedacted = (v: unknown) => Redacted.safeParse(v).success
+
+// A redaction marker in every way but its preview.
+const markerWithBadPreview = (v: unknown) =>
+  typeof v === "object" && v !== null && Redacted.omit({ preview: true }).extend({ preview: z.string() }).safeParse(v).success && !isRedacted(v)
 
 /** One place in a value being checked: its key in its parent, and the parent (a path built only when reported). */
 interface Step {
@@ -180,7 +188,8 @@ export const unredacted = (finding: unknown): ReadonlyArray<Unredacted> => {
   for (let s = stack.pop(); s !== undefined; s = stack.pop()) {
     if (isRedacted(s.value)) continue
     const x = s.value
-    if (typeof s.key === "string" && declared.has(s.key) && x !== null && x !== undefined && x !== "") out.push({ path: pathOf(s), field: s.key })
+    if (typeof s.key === "string" && declared.has(s.key) && x !== null && x !== undefined && x !== "")
+      out.push(markerWithBadPreview(x) ? { path: pathOf(s), field: s.key, badPreview: true } : { path: pathOf(s), field: s.key })
     else enter(x, s)
   }
   return out

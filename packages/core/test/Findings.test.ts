@@ -88,9 +88,19 @@ describe("Findings.preview", () => {
     expect(Findings.preview("\u0000AKIAIOSFODNN7")).toBe("…(14)")
     expect(Findings.preview("\ud800AKIAIOSFODNN7")).toBe("…(14)")
     expect(Findings.preview("")).toBe("…(0)")
-    for (const bad of ["AKIAIOSFODNN7EXAMPLE", "AKIA…(11)", "AKIA…(012)", "AKI…(20)", "\u0000AKI…(20)", "…()", "…(1e3)", "AKIA…(20) ", "…(1234567890)"])
+    for (const bad of ["AKIAIOSFODNN7EXAMPLE", "AKIA…(11)", "AKI…(11)", "AKIA…(012)", "AKIAI…(20)", "🔑🔑🔑🔑🔑…(20)", "\u0000AKI…(20)", "\tAK…(20)", "\ud83d…(20)", "…()", "…(1e3)", "AKIA…(20) ", "…(1234567890)"])
       expect([bad, Findings.isPreview(bad)]).toEqual([bad, false])
     for (const good of ["", "…(0)", "…(5)", "…(40)", "AKIA…(12)", "🔑🔑🔑🔑…(999999999)"]) expect([good, Findings.isPreview(good)]).toEqual([good, true])
+  })
+
+  it("a preview of fewer than four characters is taken, as older devices wrote it (they counted UTF-16 units: a secret starting with emoji showed two)", () => {
+    for (const older of ["🔑🔑…(20)", "🔑a🔑…(13)", "AKI…(20)", "A…(12)"]) expect([older, Findings.isPreview(older)]).toEqual([older, true])
+  })
+
+  it("a redaction marker whose preview breaks the rule is reported as such, not as a value in the clear", () => {
+    const marker = { redacted: `hmac-sha256:${"a".repeat(64)}`, preview: "AKIAIOSFODNN7EXAMPLE" }
+    expect(Findings.unredacted({ scanner: "gitleaks", Secret: marker })).toEqual([{ path: ["Secret"], field: "Secret", badPreview: true }])
+    expect(Findings.unredacted({ scanner: "gitleaks", Secret: "AKIAIOSFODNN7EXAMPLE" })).toEqual([{ path: ["Secret"], field: "Secret" }])
   })
 })
 

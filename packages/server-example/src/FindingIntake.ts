@@ -50,7 +50,12 @@ const refuse = (message: string, issues: Array<{ path: Array<string | number>; m
  */
 export const accept = (findings: ReadonlyArray<unknown>, settings: Pick<ServerConfig, "findingsRawKey">): Effect.Effect<ReadonlyArray<Findings.Accepted>, ApiError> =>
   Effect.suspend(() => {
-    const clear = findings.flatMap((f, i) => Findings.unredacted(f).map((u) => ({ path: ["findings", i, ...u.path], message: `declared secret field "${u.field}" is not redacted` })))
+    const clear = findings.flatMap((f, i) => Findings.unredacted(f).map((u) => ({
+        path: ["findings", i, ...u.path],
+        message: u.badPreview
+          ? `declared secret field "${u.field}" is a redaction marker whose preview is not Findings.preview's form (…(length), or up to four characters then …(length))`
+          : `declared secret field "${u.field}" is not redacted`
+      })))
     if (clear.length > 0)
       return Effect.fail(
         refuse(
