@@ -1,5 +1,5 @@
 import { type Errors, FindingStore, type Operations, type Store } from "@scanfleet/core"
-import { Data, Layer, Redacted } from "effect"
+import { Data, Duration, Layer, Redacted } from "effect"
 import { mkdirSync } from "node:fs"
 import { dirname, resolve } from "node:path"
 import * as PgStore from "./PgStore.js"
@@ -51,6 +51,16 @@ export const parse = (url: string): Backend => {
 /** The URL with any password hidden, for logs. */
 export const redact = (url: string): string => url.replace(/\/\/([^:/@]+):[^@/]*@/, "//$1:***@")
 
+/** Options of `layer`; the PostgreSQL ones are ignored for SQLite and memory. */
+export interface LayerOptions {
+  /** PostgreSQL connections (default 10). */
+  readonly poolSize?: number
+  /** PostgreSQL: the hot statements as prepared statements (default true). */
+  readonly prepare?: boolean
+  /** PostgreSQL: `PgStore.PoolOptions.statementTimeout` in milliseconds, 0 for none (default `PgStore.defaultStatementTimeout`). */
+  readonly statementTimeoutMs?: number
+}
+
 /**
  * The Store a database URL names, with its operator port and its FindingStore, migrated to the latest schema. Releasing
  * the layer closes the connection pool. A URL `check` refuses is a defect:
@@ -59,14 +69,17 @@ export const redact = (url: string): string => url.replace(/\/\/([^:/@]+):[^@/]*
  * @example
  * const StoreLive = Database.layer("sqlite:./data/scanfleet.db", { poolSize: 10 })
  */
-export const layer = (url: string, opts: { readonly poolSize?: number; readonly prepare?: boolean } = {}): Layer.Layer<Store.Store | Operations.Operations | FindingStore.FindingStore, Errors.StoreError> =>
+export const layer = (url: string, opts: LayerOptions = {}): Layer.Layer<Store.Store | Operations.Operations | FindingStore.FindingStore, Errors.StoreError> =>
   Layer.suspend(() => {
     const b = parse(url)
     switch (b._tag) {
       case "memory":
         return FindingStore.layerMemory
       case "postgres":
-        return PgStore.layer({ url: Redacted.make(b.url), maxConnections: opts.poolSize ?? 10 }, { prepare: opts.prepare ?? true })
+        return PgStore.layer(
+          { url: Redacted.make(b.url), maxConnections: opts.poolSize ?? 10 },
+          { prepare: opts.prepare ?? true, ...(opts.statementTimeoutMs === undefined ? {} : { statementTimeout: opts.statementTimeoutMs === 0 ? null : Duration.millis(opts.statementTimeoutMs) }) }
+        )
       case "sqlite":
         mkdirSync(dirname(b.filename), { recursive: true })
         return SqliteStore.layer({ filename: b.filename })

@@ -31,6 +31,56 @@ export interface PoolOptions {
    * connection pooler that cannot carry prepared statements across transactions.
    */
   readonly prepare?: boolean
+  /**
+   * How long PostgreSQL lets one statement of the store run, its lock waits included, before it
+   * cancels it (a `StoreError` `unavailable`; a 503 at the server); `null`: no limit. Default
+   * `defaultStatementTimeout`. A statement that has had no answer at all `answerMargin` after it
+   * is taken as a lost connection: the connection is closed and the statement fails alike.
+   * Migrations run on a connection of their own, without either limit.
+   */
+  readonly statementTimeout?: Duration.DurationInput | null
+}
+
+/** The store's statement timeout unless `PoolOptions.statementTimeout` says otherwise. */
+export const defaultStatementTimeout = Duration.seconds(30)
+
+/** How long past the statement timeout a statement without any answer waits before its connection is closed (a database that stopped answering). */
+export const answerMargin = Duration.seconds(10)
+
+/** How long a statement waits for a pooled connection (or a new one) unless `connectTimeout` says otherwise. */
+export const defaultAcquireTimeout = Duration.seconds(5)
+
+// A client class whose statements give up when no answer comes within `ms`: the connection is
+// closed, so its statement (and any queued behind it) fails and the pool drops it. Without this a
+// database that stopped answering (a dead host, a black-holed network) held every request and the
+// pool's connections until the kernel gave up on the sockets, many minutes later.
+const answering = (Base: typeof Pg.Client, ms: number): typeof Pg.Client =>
+  class extends Base {
+    override query(...args: Array<any>): any {
+      const callback = args[args.length - 1]
+      if (typeof callback !== "function") return (super.query as (...a: Array<any>) => any)(...args)
+      const timer = setTimeout(() => {
+        const stream = (this as unknown as { connection?: { stream?: { destroy: (e?: Error) => void } } }).connection?.stream
+        stream?.destroy(new Error(`no answer from PostgreSQL within ${ms} ms`))
+      }, ms)
+      timer.unref()
+      return (super.query as (...a: Array<any>) => any)(...args.slice(0, -1), (err: unknown, res: unknown) => {
+        clearTimeout(timer)
+        callback(err, res)
+      })
+    }
+  }
+
+// pg-pool hands a freed connection to the next waiter inside the release call, and a waiter whose
+// caller has gone releases it at once, so a queue of them recursed until the stack overflowed (a
+// stalled database, thousands of requests given up, then the database back: the process died).
+// Each waiter is answered in a microtask of its own instead.
+class Pool extends Pg.Pool {
+  override connect(callback?: any): any {
+    return callback === undefined
+      ? super.connect()
+      : super.connect((err: Error | undefined, client: Pg.PoolClient | undefined, release: (e?: Error | boolean) => void) => queueMicrotask(() => callback(err, client, release)))
+  }
 }
 
 // The pool @effect/sql-pg would build from these settings, with scanfleet's client class.
@@ -38,7 +88,9 @@ const pool = (config: PgClient.PgClientConfig, options: PoolOptions) =>
   Effect.acquireRelease(
     Effect.tryPromise({
       try: async () => {
-        const p = new Pg.Pool({
+        const timeout = options.statementTimeout === null ? undefined : Duration.toMillis(Duration.decode(options.statementTimeout ?? defaultStatementTimeout))
+        const base = options.prepare === false ? Pg.Client : PreparingClient
+        const p = new Pool({
           connectionString: config.url ? Redacted.value(config.url) : undefined,
           user: config.username,
           host: config.host,
@@ -47,14 +99,18 @@ const pool = (config: PgClient.PgClientConfig, options: PoolOptions) =>
           ssl: config.ssl,
           port: config.port,
           ...(config.stream ? { stream: config.stream } : {}),
-          connectionTimeoutMillis: config.connectTimeout ? Duration.toMillis(config.connectTimeout) : undefined,
+          connectionTimeoutMillis: Duration.toMillis(config.connectTimeout ?? defaultAcquireTimeout),
+          // dead peers found by the kernel's probes rather than never
+          keepAlive: true,
+          keepAliveInitialDelayMillis: 10_000,
+          ...(timeout === undefined ? {} : { statement_timeout: timeout }),
           idleTimeoutMillis: config.idleTimeout ? Duration.toMillis(config.idleTimeout) : undefined,
           max: config.maxConnections,
           min: config.minConnections,
           maxLifetimeSeconds: config.connectionTTL ? Duration.toSeconds(config.connectionTTL) : undefined,
           application_name: config.applicationName ?? "scanfleet",
           types,
-          ...(options.prepare === false ? {} : { Client: PreparingClient })
+          Client: timeout === undefined ? base : answering(base, timeout + Duration.toMillis(answerMargin))
         })
         p.on("error", () => {})
         try {
@@ -115,7 +171,12 @@ export const layerFromClient: Layer.Layer<Store.Store | Operations.Operations | 
  * const StoreLive = PgStore.layer({ url: Redacted.make(process.env.DATABASE_URL!), maxConnections: 20 })
  */
 export const layer = (config: PgClient.PgClientConfig, options: PoolOptions = {}): Layer.Layer<Store.Store | Operations.Operations | FindingStore.FindingStore, Errors.StoreError> =>
-  storeLayer(Layer.provide(layerFromClient, clientLayer(config, options)))
+  storeLayer(Layer.provide(layerFromClient, Layer.provide(clientLayer(config, options), migrated(config, options))))
+
+// The migrations, on a connection of their own without the statement limits (an index built on a
+// large table may take minutes), before the store's pool is opened.
+const migrated = (config: PgClient.PgClientConfig, options: PoolOptions): Layer.Layer<never, Errors.StoreError> =>
+  Layer.effectDiscard(Effect.scoped(Effect.flatMap(Layer.build(clientLayer({ ...config, maxConnections: 1, minConnections: 0 }, { ...options, statementTimeout: null })), (ctx) => Effect.provide(migrate, ctx))))
 
 /** The Store with connection settings read from Config (for example `Config.redacted("DATABASE_URL")`). */
 export const layerConfig = (config: Config.Config.Wrap<PgClient.PgClientConfig>, options: PoolOptions = {}): Layer.Layer<Store.Store | Operations.Operations | FindingStore.FindingStore, Errors.StoreError> =>
@@ -124,7 +185,7 @@ export const layerConfig = (config: Config.Config.Wrap<PgClient.PgClientConfig>,
     Layer.unwrapEffect(
       Effect.mapBoth(Config.unwrap(config), {
         onFailure: (e) => new Errors.StoreError({ reason: "unavailable", message: `Postgres settings: ${String(e)}`, cause: e }),
-        onSuccess: (c) => clientLayer(c, options)
+        onSuccess: (c) => Layer.provide(clientLayer(c, options), migrated(c, options))
       })
     )
   ))

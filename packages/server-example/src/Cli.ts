@@ -115,7 +115,7 @@ const settings = (given: Given, env: Record<string, string | undefined>, needAdm
   })
 
 const withStore = <A, E>(config: ServerConfig.ServerConfig, f: Effect.Effect<A, E, Store.Store | Operations.Operations>) =>
-  f.pipe(Effect.provide(Database.layer(config.databaseUrl, { poolSize: config.poolSize, prepare: config.pgPrepare })))
+  f.pipe(Effect.provide(Database.layer(config.databaseUrl, Database.optionsOf(config))))
 
 // Who acts, for the audit log: --by, else $USER, as the admin API reads X-Scanfleet-Actor.
 const actorOf = (by: Option.Option<string>) => {
@@ -153,7 +153,7 @@ const serve = Command.make("serve", serveOptions, (o) =>
           )
         ).pipe(Layer.provide(NodeHttpClient.layerUndici), Layer.provideMerge(server))
       : server
-    const live = withDiscovery.pipe(Layer.provide(Database.layer(config.databaseUrl, { poolSize: config.poolSize, prepare: config.pgPrepare })))
+    const live = withDiscovery.pipe(Layer.provide(Database.layer(config.databaseUrl, Database.optionsOf(config))))
     // Interrupted on SIGINT/SIGTERM (CommandLine.run): the listener stops, requests in flight finish, the pool closes.
     yield* Layer.launch(live).pipe(Effect.tapErrorCause((c) => Effect.logError("server failed", c)), Effect.provide(Server.logger(config.logLevel, config.logFormat)))
   })

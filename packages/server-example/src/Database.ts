@@ -1,6 +1,7 @@
 import { Database } from "@scanfleet/adapters"
 import type { Errors, FindingStore, Operations, Store } from "@scanfleet/core"
 import type { Layer } from "effect"
+import type { ServerConfig } from "./ServerConfig.js"
 
 // The database URL rules live in @scanfleet/adapters (the Promise API reads the same URLs);
 // the server keeps its own names for them.
@@ -24,4 +25,11 @@ export const redact: (url: string) => string = Database.redact
  * @example
  * const StoreLive = Database.layer("sqlite:./data/scanfleet.db", { poolSize: 10 })
  */
-export const layer: (url: string, opts?: { readonly poolSize?: number; readonly prepare?: boolean }) => Layer.Layer<Store.Store | Operations.Operations | FindingStore.FindingStore, Errors.StoreError> = Database.layer
+export const layer: (url: string, opts?: Database.LayerOptions) => Layer.Layer<Store.Store | Operations.Operations | FindingStore.FindingStore, Errors.StoreError> = Database.layer
+
+/** The store options a server's settings give. */
+export const optionsOf = (config: Pick<ServerConfig, "poolSize" | "pgPrepare" | "pgStatementTimeoutMs">): Database.LayerOptions => ({
+  poolSize: config.poolSize,
+  prepare: config.pgPrepare,
+  statementTimeoutMs: config.pgStatementTimeoutMs
+})

@@ -18,7 +18,7 @@ const parse = <S extends z.ZodType>(schema: S, flags: ReadonlyMap<string, string
 const filterNames = ["source", "identity", "detector", "status", "verified", "since"]
 
 const withFindings = <A, E>(config: ServerConfig.ServerConfig, f: (fs: FindingStore.FindingStoreShape) => Effect.Effect<A, E>) =>
-  Effect.runPromise(Effect.flatMap(FindingStore.FindingStore, f).pipe(Effect.provide(Database.layer(config.databaseUrl, { poolSize: config.poolSize, prepare: config.pgPrepare }))))
+  Effect.runPromise(Effect.flatMap(FindingStore.FindingStore, f).pipe(Effect.provide(Database.layer(config.databaseUrl, Database.optionsOf(config)))))
 
 const clean = <Q extends object>(q: Q) => Object.fromEntries(Object.entries(q).filter(([k, v]) => v !== undefined && k !== "format")) as Omit<Findings.ListQuery, "limit">
 

@@ -50,6 +50,12 @@ export const ServerConfigSchema = z
     poolSize: z.number().int().min(1).max(200).default(10),
     /** PostgreSQL: run the hot statements as prepared statements; off behind a pooler that cannot carry them (PgBouncer in transaction mode before 1.21). */
     pgPrepare: z.boolean().default(true),
+    /**
+     * PostgreSQL: how long one statement may run, its lock waits included, before the database
+     * cancels it and the request gets 503 `store_unavailable`; 0 for no limit. A statement with no
+     * answer at all 10 s past it closes its connection (a database that stopped answering).
+     */
+    pgStatementTimeoutMs: z.number().int().min(0).max(3_600_000).default(30_000),
     /** The least severe log line written. */
     logLevel: z.enum(logLevels).default("info"),
     /** The secret the fleet key (devices fingerprint found secrets with it) is derived from; the admin token when absent. Never stored in the database. */
@@ -95,6 +101,7 @@ export const envVars = {
   SCANFLEET_SWEEP_INTERVAL_MS: "sweepIntervalMs",
   SCANFLEET_POOL_SIZE: "poolSize",
   SCANFLEET_PG_PREPARE: "pgPrepare",
+  SCANFLEET_PG_STATEMENT_TIMEOUT_MS: "pgStatementTimeoutMs",
   SCANFLEET_LOG_LEVEL: "logLevel",
   SCANFLEET_FINDINGS_KEY: "findingsKey",
   SCANFLEET_FINDINGS_RAW_KEY: "findingsRawKey",
@@ -116,7 +123,7 @@ export const whereSet = (field: string): string => {
   return places.length > 0 ? places.join(" or ") : `the settings file's "${field}"`
 }
 
-const numeric = new Set(["port", "sweepIntervalMs", "poolSize"])
+const numeric = new Set(["port", "sweepIntervalMs", "poolSize", "pgStatementTimeoutMs"])
 const flags: Record<string, boolean> = { on: true, true: true, "1": true, off: false, false: false, "0": false }
 
 /** A configuration that could not be read; `issues` name the fields. */

@@ -1,5 +1,5 @@
 import { type Assignment, type Errors, Operations, Retry, Source, Store } from "@scanfleet/core"
-import { Clock, Duration, Effect, Layer, Schedule } from "effect"
+import { Cause, Clock, Duration, Effect, Layer, Schedule } from "effect"
 import type { ApiError } from "./ApiError.js"
 import * as Health from "./Health.js"
 import * as Managed from "./internal/Managed.js"
@@ -43,13 +43,41 @@ export const sweepOnce: Effect.Effect<ReadonlyArray<Assignment.Assignment>, ApiE
   return expired
 })
 
-/** The sweeper fiber, every `intervalMs`, for the lifetime of the layer. A failed sweep is logged and retried on the next tick. */
+/** How often a run of failed sweeps is logged again while it lasts. */
+export const failureLogEvery = Duration.minutes(1)
+
+/**
+ * The sweeper fiber, every `intervalMs`, for the lifetime of the layer. A failed sweep is retried on
+ * the next tick. The first failure of a run is logged as an error (a store's or the API's failure by
+ * its message, anything else with its cause), then once a `failureLogEvery` with the count so far,
+ * and the first sweep that succeeds again says how many failed: an outage of the database is a few
+ * lines, not one with a stack trace every tick.
+ */
 export const layer = (intervalMs: number): Layer.Layer<never, never, Store.Store | Operations.Operations | Health.Health> =>
   Layer.scopedDiscard(
-    Effect.forkScoped(
-      sweepOnce.pipe(
-        Effect.catchAllCause((cause) => Effect.logError("expiry sweep failed", cause)),
-        Effect.repeat(Schedule.spaced(Duration.millis(intervalMs)))
+    Effect.gen(function* () {
+      let failures = 0
+      let loggedAt = 0
+      const failed = (cause: Cause.Cause<ApiError | Errors.StoreError>) =>
+        Effect.gen(function* () {
+          const now = yield* Clock.currentTimeMillis
+          failures++
+          if (failures > 1 && now - loggedAt < Duration.toMillis(failureLogEvery)) return
+          loggedAt = now
+          const known = Cause.failureOption(cause)
+          const log = failures === 1 ? Effect.logError : Effect.logWarning
+          yield* (known._tag === "Some" ? log("expiry sweep failed") : log("expiry sweep failed", cause)).pipe(
+            Effect.annotateLogs({ ...(known._tag === "Some" ? { error: known.value.message } : {}), failedSweeps: failures })
+          )
+        })
+      const recovered = Effect.suspend(() => {
+        if (failures === 0) return Effect.void
+        const n = failures
+        failures = 0
+        return Effect.logInfo("expiry sweep recovered").pipe(Effect.annotateLogs({ failedSweeps: n }))
+      })
+      yield* Effect.forkScoped(
+        sweepOnce.pipe(Effect.zipRight(recovered), Effect.catchAllCause(failed), Effect.repeat(Schedule.spaced(Duration.millis(intervalMs))))
       )
-    )
+    })
   )
