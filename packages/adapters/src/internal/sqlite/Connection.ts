@@ -1,7 +1,8 @@
 import * as Reactivity from "@effect/experimental/Reactivity"
 import { SqlClient, SqlConnection, SqlError, Statement } from "@effect/sql"
 import Sqlite from "better-sqlite3"
-import { Duration, Effect, Either, Option, Schedule, Scope } from "effect"
+import { Cause, Duration, Effect, Either, Exit, Fiber, FiberRef, Option, Schedule, Scope } from "effect"
+import { type Stats, statSync } from "node:fs"
 import { createRequire } from "node:module"
 import { Worker } from "node:worker_threads"
 
@@ -12,8 +13,9 @@ export interface Options {
   readonly disableWAL?: boolean | undefined
   /**
    * How long a statement or transaction keeps retrying while another connection
-   * holds the write lock (default 5 seconds, as SQLite's usual busy timeout). The
-   * waits are asynchronous: the event loop keeps serving meanwhile.
+   * holds the write lock (default 5 seconds, as SQLite's usual busy timeout), in all
+   * for one operation, also when the store runs it again after a refusal. The waits
+   * are asynchronous: the event loop keeps serving meanwhile.
    */
   readonly busyTimeout?: Duration.DurationInput | undefined
   /**
@@ -77,6 +79,7 @@ export const make = (options: Options): Effect.Effect<{ readonly client: SqlClie
       }),
       (db) => Effect.sync(() => db.close())
     )
+    const gone = yield* watchFile(db, options.filename)
     const busyMs = Duration.toMillis(options.busyTimeout ?? Duration.seconds(5))
     // While another process holds the write lock, one waiter at a time tries again; the others
     // queue behind it (first come, first served) and try in turn once it got through. So a lock
@@ -86,23 +89,48 @@ export const make = (options: Options): Effect.Effect<{ readonly client: SqlClie
     // elsewhere (the transaction holds it); should it, it retries alone rather than wait in a
     // queue whose head needs this connection.
     const waiters = yield* Effect.makeSemaphore(1)
-    // The schedule is built only once a first try found the lock taken: the common path pays nothing for it.
-    const retryBusyUntil = <A>(self: Effect.Effect<A, SqlError.SqlError>, until?: number) =>
-      Effect.catchIf(self, isBusy, (first) => {
-        const deadline = Math.min(until ?? Number.POSITIVE_INFINITY, Date.now() + busyMs)
-        const again = Effect.suspend(() =>
-          Effect.retry(self, { while: (e) => isBusy(e) && Date.now() <= deadline, schedule: busySchedule(Math.max(0, deadline - Date.now())) })
-        )
-        if (db.inTransaction) return again
-        return Effect.uninterruptibleMask((restore) =>
-          Effect.flatMap(restore(Effect.timeoutOption(waiters.take(1), Math.max(0, deadline - Date.now()))), (turn) =>
-            Option.isNone(turn) ? Effect.fail(first) : Effect.ensuring(restore(again), waiters.release(1))
-          )
-        )
+    // The turn, waited for `ms` at most: true when this fiber holds it. The wait ends at its deadline
+    // in an uninterruptible region too (@effect/sql acquires a transaction's connection in one), where
+    // a timeout cannot stop a wait but only wait for its end: a transaction waited past its deadline,
+    // got the turn and dropped it as timed out, and with the only turn lost, every later transaction
+    // that met the lock taken (the expiry sweep's, a result's) waited for ever. A turn granted just as
+    // the wait times out is handed back.
+    const turn = (ms: number): Effect.Effect<boolean> =>
+      Effect.raceWith(Effect.interruptible(waiters.take(1)), Effect.interruptible(Effect.sleep(ms)), {
+        onSelfDone: (took, timer) => Effect.as(Fiber.interrupt(timer), Exit.isSuccess(took)),
+        onOtherDone: (_, taker) => Effect.flatMap(Fiber.interrupt(taker), (took) => (Exit.isSuccess(took) ? Effect.as(waiters.release(1), false) : Effect.succeed(false)))
       })
-    const retryBusy = <A>(self: Effect.Effect<A, SqlError.SqlError>) => retryBusyUntil(self)
+    // When this fiber's last wait for the lock was refused (0: its last wait got through). One budget per
+    // operation, across the store's own runs of it again too: a transaction refused on the busy lock is
+    // run again up to four times (a `conflict`), and each run waited a budget of its own, so a result
+    // waited 25 s for its 503 instead of 5. A fiber refused less than a budget ago has no wait left.
+    const refusedAt = FiberRef.unsafeMake(0)
+    // The schedule is built only once a first try found the lock taken: the common path pays nothing for it.
+    const retryBusyUntil = <A, R>(self: Effect.Effect<A, SqlError.SqlError, R>, until?: number) =>
+      Effect.catchIf(self, isBusy, (first) =>
+        Effect.flatMap(FiberRef.get(refusedAt), (refused) => {
+          const now = Date.now()
+          const deadline = Math.min(until ?? Number.POSITIVE_INFINITY, now - refused < busyMs ? refused : now + busyMs)
+          if (deadline <= now) return Effect.fail(first)
+          const again = Effect.suspend(() =>
+            Effect.retry(self, { while: (e) => isBusy(e) && Date.now() <= deadline, schedule: busySchedule(Math.max(0, deadline - Date.now())) })
+          )
+          // The turn is waited for uninterruptibly (the wait is bounded by the deadline), so no turn is taken and lost.
+          const waited = db.inTransaction
+            ? again
+            : Effect.uninterruptibleMask((restore) =>
+                Effect.flatMap(turn(deadline - now), (mine) => (mine ? Effect.ensuring(restore(again), waiters.release(1)) : Effect.fail(first)))
+              )
+          return Effect.onExit(waited, (exit) => FiberRef.set(refusedAt, Exit.isFailure(exit) && Option.exists(Cause.failureOption(exit.cause), isBusy) ? deadline : 0))
+        })
+      )
+    const retryBusy = <A, R>(self: Effect.Effect<A, SqlError.SqlError, R>) => retryBusyUntil(self)
     const attempt = <A>(message: string, f: () => A) =>
       Effect.try({ try: f, catch: (cause) => new SqlError.SqlError({ cause, message }) })
+    // Called first by every statement and transaction: none runs once the path no longer names the open file.
+    const live = () => {
+      if (gone.error !== undefined) throw gone.error
+    }
     yield* retryBusy(
       attempt("Failed to configure the database", () => {
         if (options.disableWAL !== true && options.readonly !== true) {
@@ -151,9 +179,15 @@ export const make = (options: Options): Effect.Effect<{ readonly client: SqlClie
         attempt("Failed to execute statement", () => {
           if (params.length === 0 && text === begun) return []
           if (params.length === 0 && (text === "COMMIT" || text === "ROLLBACK")) {
+            // A transaction whose file went meanwhile is rolled back, never committed into it.
+            if (text === "COMMIT" && gone.error !== undefined) {
+              finish("ROLLBACK")
+              throw gone.error
+            }
             finish(text)
             return []
           }
+          live()
           return rows(unprepared ? db.prepare(text) : prepare(text), params)
         })
       )
@@ -163,6 +197,7 @@ export const make = (options: Options): Effect.Effect<{ readonly client: SqlClie
       executeValues: (text, params) =>
         retryBusy(
           attempt("Failed to execute statement", () => {
+            live()
             const s = prepare(text)
             if (!s.reader) return (s.run(...params), [])
             try {
@@ -184,20 +219,24 @@ export const make = (options: Options): Effect.Effect<{ readonly client: SqlClie
     // A transaction takes the permit and the write lock together (BEGIN IMMEDIATE, here rather
     // than in @effect/sql's begin, which is then a no-op): while another process holds the lock
     // the permit is given back between tries, so this process's reads and other work go on.
-    const beginOnce = Effect.uninterruptibleMask((restore) =>
-      Effect.flatMap(restore(permit.take(1)), () =>
-        Effect.tapError(
-          attempt("Failed to begin a transaction", () => db.exec("BEGIN IMMEDIATE")),
-          () => permit.release(1)
+    // Once BEGIN succeeded, the permit's release is on the transaction's scope in the same step.
+    const beginOnce = Effect.flatMap(Effect.scope, (scope) =>
+      Effect.uninterruptibleMask((restore) =>
+        Effect.flatMap(restore(permit.take(1)), () =>
+          Effect.matchEffect(
+            attempt("Failed to begin a transaction", () => {
+              live()
+              db.exec("BEGIN IMMEDIATE")
+            }),
+            { onFailure: (e) => Effect.zipRight(permit.release(1), Effect.fail(e)), onSuccess: () => Scope.addFinalizer(scope, permit.release(1)) }
+          )
         )
       )
     )
-    const transactionAcquirer = Effect.uninterruptibleMask((restore) =>
-      Effect.as(
-        Effect.zipRight(restore(retryBusy(beginOnce)), Effect.tap(Effect.scope, (scope) => Scope.addFinalizer(scope, permit.release(1)))),
-        connection
-      )
-    )
+    // Uninterruptible as a whole (as @effect/sql runs it anyway; every wait in it is bounded): an
+    // interruption between BEGIN and the end of the acquisition would leave the transaction open and
+    // its permit taken, since a failed acquisition's scope is never closed.
+    const transactionAcquirer = Effect.as(Effect.uninterruptible(retryBusy(beginOnce)), connection)
     const client = yield* SqlClient.make({
       acquirer,
       transactionAcquirer,
@@ -212,6 +251,7 @@ export const make = (options: Options): Effect.Effect<{ readonly client: SqlClie
     const runNow = <A>(f: (db: Sqlite.Database) => A): Either.Either<A, SqlError.SqlError> | undefined => {
       if (db.inTransaction || restarts.pending()) return undefined
       try {
+        live()
         return Either.right(f(db))
       } catch (cause) {
         return isBusy(cause) ? undefined : Either.left(new SqlError.SqlError({ cause, message: "Failed to run a transaction" }))
@@ -222,7 +262,12 @@ export const make = (options: Options): Effect.Effect<{ readonly client: SqlClie
       runNow,
       run: (f, o) => {
         const queued = retryBusyUntil(
-          permit.withPermits(1)(attempt("Failed to run a transaction", () => f(db))),
+          permit.withPermits(1)(
+            attempt("Failed to run a transaction", () => {
+              live()
+              return f(db)
+            })
+          ),
           o?.until
         )
         // While the checkpoint thread restarts the log, wait for it rather than contend for the lock.
@@ -230,6 +275,38 @@ export const make = (options: Options): Effect.Effect<{ readonly client: SqlClie
       }
     }
     return { client, database }
+  })
+
+/** Whether the path still names the open file: `error` is set, for good, once it does not. */
+interface Watched {
+  error: (Error & { readonly code: string }) | undefined
+}
+
+/**
+ * Once a second, whether the path still names the file the connection has open (same device
+ * and inode). A database file deleted or replaced while open (its -wal and -shm with it) went
+ * unnoticed: the connection wrote on into the unlinked file, `/readyz` stayed 200, results were
+ * accepted and lost, and a restart created an empty fleet. From then on every statement and
+ * transaction fails as `SQLITE_CANTOPEN` (`unavailable`, HTTP 503) and an error is logged; only a
+ * restart opens the file the path names now. The check is a `stat` a second, off the statements'
+ * path, which only read the flag.
+ */
+const watchFile = (db: Sqlite.Database, filename: string): Effect.Effect<Watched, never, Scope.Scope> =>
+  Effect.gen(function* () {
+    const watched: Watched = { error: undefined }
+    if (db.memory || filename === "" || filename.startsWith("file:")) return watched
+    const identity = (s: Stats | undefined) => (s === undefined ? undefined : `${s.dev}:${s.ino}`)
+    const opened = yield* Effect.orElseSucceed(Effect.try(() => identity(statSync(filename, { throwIfNoEntry: false }))), () => undefined)
+    if (opened === undefined) return watched
+    // A failed stat (a permission taken away) is no verdict: tried again the next second.
+    const check = Effect.flatMap(Effect.option(Effect.try(() => identity(statSync(filename, { throwIfNoEntry: false })))), (now) => {
+      if (Option.isNone(now) || now.value === opened) return Effect.void
+      const message = `the database file ${filename} was ${now.value === undefined ? "deleted" : "replaced"} while open: every statement is refused; restart to open the file the path names now`
+      watched.error = Object.assign(new Error(message), { code: "SQLITE_CANTOPEN" })
+      return Effect.logError(message)
+    })
+    yield* Effect.forkScoped(Effect.repeat(check, { schedule: Schedule.spaced("1 second"), until: () => watched.error !== undefined }))
+    return watched
   })
 
 // Runs in a worker thread: PASSIVE checkpoints on a connection of its own, which never
