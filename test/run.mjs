@@ -12,7 +12,8 @@
 //
 // With arguments (`npm test -- packages/core`, `npm test -- --project rest`) it is one plain
 // `vitest run` with them, at the usual priority.
-import { spawn } from "node:child_process"
+import { spawn, spawnSync } from "node:child_process"
+import { existsSync } from "node:fs"
 import { createRequire } from "node:module"
 import { setPriority } from "node:os"
 import { dirname, join } from "node:path"
@@ -22,6 +23,21 @@ import { fileURLToPath } from "node:url"
 const root = join(dirname(fileURLToPath(import.meta.url)), "..")
 const vitest = join(dirname(createRequire(import.meta.url).resolve("vitest/package.json")), "vitest.mjs")
 const args = process.argv.slice(2)
+
+// Debian packages some tests drive: Chromium (the dashboard and console) and libfaketime (a
+// device's wall clock stepped). Installed here when missing and this runs as root with apt-get, so
+// `npm ci && npm test` needs nothing installed by hand; otherwise those tests say what to install.
+const debian = [
+  ["chromium", "/usr/bin/chromium"],
+  ["faketime", "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"]
+]
+const missing = debian.filter(([, path]) => !existsSync(path)).map(([name]) => name)
+if (missing.length > 0 && process.getuid?.() === 0 && existsSync("/usr/bin/apt-get")) {
+  console.log(`npm test: installing the Debian packages some tests drive: ${missing.join(", ")}`)
+  const env = { ...process.env, DEBIAN_FRONTEND: "noninteractive" }
+  spawnSync("apt-get", ["update"], { stdio: "inherit", env })
+  spawnSync("apt-get", ["install", "-y", ...missing], { stdio: "inherit", env })
+}
 
 const children = new Set()
 // Ctrl-C reaches the children from the terminal; a SIGTERM sent to this process alone is passed on.

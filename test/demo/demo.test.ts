@@ -17,7 +17,7 @@ if (!haveChromium)
   console.warn(
     `\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n` +
       `!!! SKIPPED (browser part only): the demo dashboard check needs Chromium at ${chromiumPath}.\n` +
-      `!!! Install it with: apt-get install -y chromium   (.ci/run does this in CI)\n` +
+      `!!! Install it with: apt-get install -y chromium   (npm test does this when run as root)\n` +
       `!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n`
   )
 

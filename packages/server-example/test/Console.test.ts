@@ -15,7 +15,7 @@ if (!haveChromium)
   console.warn(
     `\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n` +
       `!!! SKIPPED: the operator console browser test needs Chromium at ${chromiumPath}.\n` +
-      `!!! Install it with: apt-get install -y chromium   (.ci/run does this in CI)\n` +
+      `!!! Install it with: apt-get install -y chromium   (npm test does this when run as root)\n` +
       `!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n`
   )
 
