@@ -78,6 +78,8 @@ const timing = [
   // fresh-clone run saw a device's unit freed 2.8 s after its deadline against grace + 1 s, and a
   // pid-namespace unit's copies dead 3.9 s after it against grace + 1 s
   ["packages/worker/test/Cancel.test.ts", "packages/worker/test/Device.test.ts", "packages/worker/test/ExecutionUnit.test.ts"],
+  // a device whose wall clock steps while a scanner ignores SIGTERM, killed by deadline + grace + 1 s
+  ["packages/worker/test/WallClockStep.test.ts"],
   [
     "packages/worker/test/Containment.cgroup-v1-freezer.test.ts",
     // the demo's one slow target must be the only one that reaches its deadline

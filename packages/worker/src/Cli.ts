@@ -5,6 +5,7 @@ import { isAbsolute, resolve } from "node:path"
 import { LogLine } from "@scanfleet/core"
 import pkg from "../package.json" with { type: "json" }
 import * as CommandLine from "./CommandLine.js"
+import * as DeviceClock from "./DeviceClock.js"
 import * as LocalState from "./LocalState.js"
 import * as Scanner from "./Scanner.js"
 import * as Status from "./Status.js"
@@ -88,7 +89,7 @@ const openExisting = (file: string) =>
   )
 
 const status = Command.make("status", { state: stateOption }, ({ state }) =>
-  Effect.scoped(Effect.flatMap(openExisting(stateFile(state)), (s) => Effect.flatMap(Effect.promise(() => renderStatus(s, Date.now())), CommandLine.print)))
+  Effect.scoped(Effect.flatMap(openExisting(stateFile(state)), (s) => Effect.flatMap(Effect.promise(() => renderStatus(s, DeviceClock.readState(stateFile(state)).now())), CommandLine.print)))
 ).pipe(Command.withDescription("print each slot's assignment, phase, the three labelled deadlines and the time left"))
 
 const history = Command.make(
@@ -104,7 +105,7 @@ const history = Command.make(
         const s = yield* openExisting(stateFile(state))
         const n = yield* nonNegative("limit", limit, 20)
         const q = Option.match(reservation, { onNone: () => ({ limit: n }), onSome: (reservationId) => ({ reservationId, limit: n }) })
-        yield* CommandLine.print(yield* Effect.promise(() => renderHistory(s, q, Date.now())))
+        yield* CommandLine.print(yield* Effect.promise(() => renderHistory(s, q, DeviceClock.readState(stateFile(state)).now())))
       })
     )
 ).pipe(Command.withDescription("print each assignment's journal, as sent and as kept locally"))
@@ -158,7 +159,9 @@ const runCommand = Command.make(
       )
       // The containment level is named at start: a device that fell back to a weaker level says so.
       yield* Effect.logInfo(`worker started, containment ${device.containment.level}`).pipe(Effect.annotateLogs({ slots, server, state, containment: device.containment.level }))
-      return yield* Effect.never
+      // A device that cannot go on ends the command with its reason, so a service manager restarts it.
+      const gone = yield* Effect.promise(() => device.fatal)
+      return yield* new CommandLine.CommandFailed({ message: gone.message })
     }).pipe(Effect.scoped, Effect.provide(CommandLine.logger(Option.getOrElse(o.logFormat, () => "json" as const))))
 ).pipe(Command.withDescription("run a device: claim assignments, supervise the scanner, deliver progress and results"))
 

@@ -4,6 +4,7 @@ import { randomUUID } from "node:crypto"
 import { existsSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmdirSync, writeFileSync } from "node:fs"
 import { join } from "node:path"
 import { z } from "zod"
+import * as DeviceClock from "./DeviceClock.js"
 import * as ProcessTree from "./ProcessTree.js"
 
 /**
@@ -117,9 +118,9 @@ const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms))
 
 /** Waits (bounded) until a condition holds; never blocks the event loop, which supervises other units meanwhile. */
 const waitFor = async (ms: number, ok: () => boolean, every = 5): Promise<boolean> => {
-  const until = Date.now() + ms
+  const until = DeviceClock.monotonicMs() + ms
   while (!ok()) {
-    if (Date.now() >= until) return false
+    if (DeviceClock.monotonicMs() >= until) return false
     await sleep(every)
   }
   return true
@@ -502,9 +503,9 @@ export const seal = (plan: Plan): Seal => {
             break
         }
       if (launcherPid !== 0) signal(launcherPid, "SIGKILL")
-      const until = Date.now() + waitMs
+      const until = DeviceClock.monotonicMs() + waitMs
       let left = members()
-      while (left.length > 0 && Date.now() < until) {
+      while (left.length > 0 && DeviceClock.monotonicMs() < until) {
         // A member that appeared after the kill (the fallback's race) is killed on sight.
         if (level === "freeze-kill") for (const p of left) signal(p, "SIGKILL")
         await sleep(20)

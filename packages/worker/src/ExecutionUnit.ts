@@ -2,6 +2,7 @@ import { type Source, PhaseModel } from "@scanfleet/core"
 import { Effect } from "effect"
 import { spawn } from "node:child_process"
 import * as Containment from "./Containment.js"
+import * as DeviceClock from "./DeviceClock.js"
 import { entry } from "./internal/Entries.js"
 import type { Permits } from "./Permits.js"
 import * as ProcessTree from "./ProcessTree.js"
@@ -66,6 +67,8 @@ export interface Options {
   readonly job: Job
   /** The hard deadline, device clock, epoch milliseconds. */
   readonly deadline: number
+  /** The device clock the deadline is on, shared with the unit (default: this process's, see `DeviceClock.processClock`). */
+  readonly clock?: DeviceClock.DeviceClock
   /** Time between SIGTERM and the kill. */
   readonly graceMs: number
   readonly permits: Permits
@@ -105,6 +108,7 @@ const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms))
 /** Runs one unit under its deadline and resolves when it has ended and its box is empty. */
 export const run = async (opts: Options): Promise<End> => {
   const plan = opts.containment ?? (await defaultContainment())
+  const clock = opts.clock ?? DeviceClock.processClock
   return new Promise<End>((resolve) => {
     const level = plan.level
     const box = Containment.seal(plan)
@@ -191,9 +195,10 @@ export const run = async (opts: Options): Promise<End> => {
         const signals: Array<NodeJS.Signals> = []
         if (opts.job.scanner.stop === "SIGTERM" && ready && box.signalOthers("SIGTERM") > 0) {
           signals.push("SIGTERM")
-          const until = Date.now() + opts.graceMs
+          // A duration, so the monotonic clock: a wall-clock step back during the grace must not stretch it.
+          const until = DeviceClock.monotonicMs() + opts.graceMs
           // Each look reads /proc; looking every 50 ms leaves the event loop to the other slots' units.
-          while (Date.now() < until && scannerSide().length > 0) await sleep(Math.min(50, Math.max(0, until - Date.now())))
+          while (DeviceClock.monotonicMs() < until && scannerSide().length > 0) await sleep(Math.min(50, Math.max(0, until - DeviceClock.monotonicMs())))
         }
         const before = box.members().length
         const survivors = await box.kill(KILL_WAIT_MS)
@@ -229,7 +234,7 @@ export const run = async (opts: Options): Promise<End> => {
 
     const startIfReady = () => {
       if (ending || !ready || !persisted) return
-      send({ t: "start", job: { ...opts.job, args: [...opts.job.args], acquireArgs: [...opts.job.acquireArgs], limits: opts.job.limits ?? {} } })
+      send({ t: "start", job: { ...opts.job, args: [...opts.job.args], acquireArgs: [...opts.job.acquireArgs], limits: opts.job.limits ?? {}, clockAnchorMs: clock.anchorMs } })
     }
 
     child.on("message", (raw) => {
@@ -309,7 +314,7 @@ export const run = async (opts: Options): Promise<End> => {
 
     const onStop = () => void kill("stopped")
     opts.signal?.addEventListener("abort", onStop, { once: true })
-    const timer = setTimeout(() => void kill("deadline"), Math.max(0, opts.deadline - Date.now()))
+    const timer = setTimeout(() => void kill("deadline"), Math.max(0, opts.deadline - clock.now()))
 
     const runner = { pid, pgid: pid, startTime: ProcessTree.startTime(pid), cgroup: box.cgroup }
     const spawning = opts.onSpawn(runner)

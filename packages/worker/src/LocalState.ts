@@ -271,7 +271,9 @@ export const migrate: Effect.Effect<ReadonlyArray<readonly [id: number, name: st
   table: migrationsTable
 }).pipe(Effect.mapError((cause) => new StateError({ reason: "io", message: `the state file could not be migrated: ${cause.message}`, cause })))
 
-const io = (cause: SqlError.SqlError) => new StateError({ reason: "io", message: cause.message, cause })
+// The driver's words ("database or disk is full") are what an operator acts on: they follow the SqlError's.
+const io = (cause: SqlError.SqlError) =>
+  new StateError({ reason: "io", message: cause.cause instanceof Error ? `${cause.message}: ${cause.cause.message}` : cause.message, cause })
 // A row that does not parse was damaged outside the worker: say which, never guess.
 const parse = <S extends z.ZodType>(schema: S, value: unknown, what: string): Effect.Effect<z.output<S>, StateError> => {
   const r = schema.safeParse(value)

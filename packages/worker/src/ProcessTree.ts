@@ -1,4 +1,5 @@
 import { readdirSync, readFileSync } from "node:fs"
+import * as DeviceClock from "./DeviceClock.js"
 
 /**
  * Processes and process groups as /proc shows them, so a live member can be
@@ -88,10 +89,10 @@ const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms))
 
 /** Waits until a group has no live member, up to `ms`; true when it emptied. */
 export const waitEmpty = async (pgid: number, ms: number): Promise<boolean> => {
-  const until = Date.now() + ms
+  const until = DeviceClock.monotonicMs() + ms
   for (;;) {
     if (members(pgid).length === 0) return true
-    if (Date.now() >= until) return false
+    if (DeviceClock.monotonicMs() >= until) return false
     await sleep(10)
   }
 }

@@ -1,11 +1,14 @@
 import { Deadline, Findings, LogLine, PhaseModel, WorkerApi } from "@scanfleet/core"
-import { Cause, Clock, Context, Data, Deferred, Duration, Effect, Exit, Fiber, FiberSet, Layer, ManagedRuntime, Option, Runtime, type Scope, Stream, SubscriptionRef } from "effect"
-import { mkdir, mkdtemp, readdir, readFile, rename, rm, writeFile } from "node:fs/promises"
+import { Cause, Clock, Context, Data, Deferred, Duration, Effect, Exit, Fiber, FiberSet, Layer, ManagedRuntime, Option, Runtime, Schedule, type Scope, Stream, SubscriptionRef } from "effect"
+import Sqlite from "better-sqlite3"
+import { existsSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs"
+import { mkdir, mkdtemp, readdir, rename, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { basename, join } from "node:path"
 import type { z } from "zod"
 import * as Client from "./Client.js"
 import * as Containment from "./Containment.js"
+import * as DeviceClock from "./DeviceClock.js"
 import * as ExecutionUnit from "./ExecutionUnit.js"
 import * as LocalState from "./LocalState.js"
 import * as Outbox from "./Outbox.js"
@@ -39,9 +42,10 @@ export const eventLogger =
   (format: LogLine.Format, write: (line: string) => void) =>
   (e: DeviceEvent): void => {
     const { type, ...rest } = e
-    const { at, message, ...fields } = rest as Record<string, unknown>
+    // A line's time is the wall clock's: the event's own `at` is on the device clock (or, registering, the server's).
+    const { at: _deviceTime, message, ...fields } = rest as Record<string, unknown>
     const level: LogLine.Level = type === "error" ? "error" : type === "retry" ? "warning" : "info"
-    write(LogLine.format({ time: typeof at === "number" ? at : Date.now(), level, message: type, fields: message === undefined ? fields : { ...fields, error: message } }, format))
+    write(LogLine.format({ time: Date.now(), level, message: type, fields: message === undefined ? fields : { ...fields, error: message } }, format))
   }
 
 // Without an `onEvent`, errors and retries still reach stderr, in the one log schema.
@@ -115,6 +119,9 @@ export interface Options {
 /** Another controller runs on the same state file; starting a second one would kill its scans. */
 export class StateInUse extends Data.TaggedError("StateInUse")<{ readonly file: string; readonly pid: number; readonly message: string }> {}
 
+/** The state file or its stage folder vanished (deleted, or replaced) under a running controller: nothing it runs could be recorded or delivered. */
+export class StateGone extends Data.TaggedError("StateGone")<{ readonly file: string; readonly message: string }> {}
+
 /** Why a device could not start. */
 export type StartError = StateInUse | Scanner.ScannerMissing | Containment.ContainmentError | LocalState.StateError | LocalState.JournalRefused
 
@@ -128,6 +135,8 @@ export class Controller extends Context.Tag("@scanfleet/worker/Controller")<
     readonly containment: Containment.Plan
     /** The fleet of the server, once the device has heard from it. */
     readonly fleet: Effect.Effect<string | null>
+    /** Fails once the device cannot go on (its state file or stage folder vanished); never succeeds. */
+    readonly fatal: Effect.Effect<never, StateGone>
   }
 >() {}
 
@@ -180,42 +189,69 @@ const resultBody = (
 }
 
 /**
- * Takes the state file's lock for the scope: a file naming this process (pid
- * and start time). A lock whose process is gone, or whose pid now belongs to
- * another process, is stale (the previous controller crashed) and is taken over.
+ * Takes the state file's lock for the scope. The lock itself is a write lock
+ * on an SQLite database beside the state file (`FILE.lock.db`), taken with
+ * no wait by a connection open for the controller's life: SQLite locks with
+ * fcntl, so two starters can never both hold it and the kernel drops it when
+ * its process dies, however it dies. `FILE.lock` names the holder (pid and
+ * start time) for the refusal and for people; it is written only by the
+ * holder and read only as a name, except that one naming a live controller
+ * of an older build (which knows only this file) is honoured.
  */
 const lock = (file: string): Effect.Effect<void, StateInUse, Scope.Scope> => {
   const me = JSON.stringify({ pid: process.pid, startTime: ProcessTree.startTime(process.pid) })
-  // Exclusive create: of two controllers starting at once, one wins.
-  const create = Effect.tryPromise({ try: () => writeFile(file, me, { flag: "wx" }), catch: (e) => e as NodeJS.ErrnoException })
-  const read = Effect.promise(() => readFile(file, "utf8").catch(() => ""))
-  // The live controller the lock names, or 0: a lock whose process is gone, or whose pid was reused, names nobody.
-  const holder = Effect.gen(function* () {
-    const first = yield* read
-    // A lock being written this very moment reads empty; give its writer a moment.
-    const text = first === "" ? yield* Effect.zipRight(Effect.sleep(Duration.millis(100)), read) : first
-    const held = yield* Effect.try(() => JSON.parse(text) as { pid?: unknown; startTime?: unknown }).pipe(Effect.orElseSucceed(() => ({}) as { pid?: unknown; startTime?: unknown }))
+  const read = () => {
+    try {
+      return readFileSync(file, "utf8")
+    } catch {
+      return ""
+    }
+  }
+  // The live process `FILE.lock` names, or 0: a lock whose process is gone, or whose pid was reused, names nobody.
+  const named = (): number => {
+    const held = (() => {
+      try {
+        return JSON.parse(read()) as { pid?: unknown; startTime?: unknown }
+      } catch {
+        return {}
+      }
+    })()
     const pid = typeof held.pid === "number" && held.pid > 0 ? held.pid : 0
     const now = pid > 0 ? ProcessTree.stat(pid) : null
     return now !== null && now.state !== "Z" && (held.startTime === null || now.startTime === held.startTime) ? pid : 0
-  })
+  }
   const inUse = (pid: number) =>
     new StateInUse({ file, pid, message: `the state file is in use by a running controller${pid > 0 ? ` (pid ${pid})` : ""}; stop it first` })
-  const take = create.pipe(
-    Effect.catchAll((e) =>
-      e.code !== "EEXIST"
-        ? Effect.die(e)
-        : Effect.flatMap(holder, (pid) =>
-            pid > 0
-              ? Effect.fail(inUse(pid))
-              : Effect.zipRight(
-                  Effect.promise(() => rm(file, { force: true })),
-                  Effect.mapError(create, () => inUse(0))
-                )
-          )
+  const take = Effect.gen(function* () {
+    const db = new Sqlite(`${file}.db`, { timeout: 0 })
+    const taken = yield* Effect.try({ try: () => db.exec("BEGIN IMMEDIATE"), catch: (e) => e as { code?: string } })
+      .pipe(Effect.as(true), Effect.catchAll((e) => (e.code === "SQLITE_BUSY" ? Effect.succeed(false) : Effect.die(e))))
+    if (!taken) {
+      db.close()
+      // The holder names itself right after taking the lock: give it a moment to.
+      const pid = yield* Effect.suspend(() => {
+        const p = named()
+        return p > 0 ? Effect.succeed(p) : Effect.fail(p)
+      }).pipe(Effect.retry({ schedule: Schedule.spaced(Duration.millis(50)), times: 20 }), Effect.orElseSucceed(() => 0))
+      return yield* inUse(pid)
+    }
+    const legacy = named()
+    if (legacy > 0 && legacy !== process.pid) {
+      db.close()
+      return yield* inUse(legacy)
+    }
+    writeFileSync(`${file}.${process.pid}.tmp`, me)
+    renameSync(`${file}.${process.pid}.tmp`, file)
+    return db
+  })
+  return Effect.asVoid(
+    Effect.acquireRelease(take, (db) =>
+      Effect.sync(() => {
+        rmSync(file, { force: true })
+        db.close()
+      })
     )
   )
-  return Effect.acquireRelease(take, () => Effect.promise(() => rm(file, { force: true })))
 }
 
 /**
@@ -230,6 +266,13 @@ export const layer = (opts: Options): Layer.Layer<Controller, StartError> => Lay
 
 /** The device program: acquires everything in the current scope and returns once the slots run. */
 export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controller>, StartError, Scope.Scope> =>
+  Effect.suspend(() => {
+    // Every deadline comparison, and every time stored to be compared later, is on the device clock (wall-clock steps cannot move it).
+    const deviceClock = DeviceClock.forState(opts.state)
+    return Effect.withClock(program(opts, deviceClock), DeviceClock.effectClock(deviceClock))
+  })
+
+const program = (opts: Options, deviceClock: DeviceClock.DeviceClock): Effect.Effect<Context.Tag.Service<Controller>, StartError, Scope.Scope> =>
   Effect.gen(function* () {
     const emit = (e: DeviceEvent) =>
       Effect.sync(() => (opts.onEvent ? opts.onEvent(e) : (e.type === "error" || e.type === "retry") && stderrEvents(e)))
@@ -250,6 +293,19 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
     const workRoot = opts.workRoot ?? tmpdir()
     const stageDir = `${opts.state}.stage`
     yield* Effect.promise(() => mkdir(stageDir, { recursive: true }))
+    // SQLite goes on writing a deleted file's inode and a unit cannot stage into a deleted folder: every later
+    // scan would end as a silent scan_error. Looked at before each claim; the device then stops with an error.
+    const stateIno = statSync(opts.state, { throwIfNoEntry: false })?.ino
+    const fatal = yield* Deferred.make<never, StateGone>()
+    const stateGone = Effect.gen(function* () {
+      const seen = statSync(opts.state, { throwIfNoEntry: false })
+      const gone = seen === undefined || seen.ino !== stateIno ? opts.state : existsSync(stageDir) ? null : stageDir
+      if (gone === null) return false
+      const message = `${gone} was deleted or replaced while the controller ran; stopping (start the controller again to begin a new state file)`
+      yield* emit({ type: "error", message })
+      yield* Deferred.fail(fatal, new StateGone({ file: gone, message }))
+      return true
+    })
     // The fleet is in the name: a reservation id alone repeats across databases.
     const stageFileOf = (k: LocalState.Key) => join(stageDir, `${k.fleetId}-r${k.reservationId}.json`)
     /** Removes an assignment's stage file, and the unit's half-written one, once nothing can come of them. */
@@ -320,6 +376,7 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
           receipt: d.kind === "accepted" ? d.receipt : after.receipt,
           note: d.kind === "accepted" ? after.note : d.kind === "released" ? "released: the target went back to the queue" : d.message
         })
+        yield* dropStage(k)
         yield* emit({ type: "delivered", ...k, delivered: d })
       })
 
@@ -397,8 +454,9 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
         const cur = yield* mustGet(k)
         const waiting = cur.phase === "awaiting_receipt" ? cur.lastSeq : (yield* append(k, "awaiting_receipt")).seq
         yield* state.putAssignment({ ...(yield* mustGet(k)), status: "delivering", outcome, finalPhase })
+        // The stage file stays until the result is settled (onResult): the commit that queued it is not
+        // synced, and a power cut that loses it must find the staged result again, not a missing one.
         yield* state.putResult({ ...k, afterSeq: waiting, body })
-        yield* dropStage(k)
         yield* outbox.notify
       })
 
@@ -534,6 +592,7 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
               scanDeadline: deadlines.scan
             },
             deadline: deadlines.scan,
+            clock: deviceClock,
             graceMs,
             permits,
             containment: plan,
@@ -575,7 +634,7 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
               "timed_out",
               "killed_at_deadline",
               end.phase,
-              `the target-scan deadline (${clockIso(a.deadlines.scan)} on this device's clock) fired during ${end.phase}; ` +
+              `the target-scan deadline (${clockIso(deviceClock.toWall(a.deadlines.scan))} on this device's wall clock) fired during ${end.phase}; ` +
                 `sent ${end.signals.join(", ") || "nothing (the unit had already ended)"} to the unit (containment ${end.level})` +
                 (scannerStarted(end) ? "" : "; the scanner never started") +
                 (end.survivors.length > 0 ? `; survivors: ${end.survivors.join(", ")}` : "") +
@@ -591,9 +650,16 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
         }
       })
 
-    /** Finishes what a previous run of the controller left, in every fleet: one `recovered` event per open timeline. */
-    const recover = Effect.gen(function* () {
-      for (const a of yield* state.assignments({ open: true })) {
+    /** Why an assignment is picked up again, in its journal's words. */
+    interface Resumed {
+      readonly during: string
+      readonly meanwhile: string
+    }
+    const restarted: Resumed = { during: "the controller restarted", meanwhile: "the controller was down" }
+
+    /** Finishes one assignment whose controller lost track of it (a restart, or a state write that failed): one `recovered` event. */
+    const recoverOne = (a: LocalState.AssignmentRecord, why: Resumed) =>
+      Effect.gen(function* () {
         const k: LocalState.Key = { fleetId: a.fleetId, reservationId: a.reservationId }
         // The unit's survivors: what the start reclaimed from its cgroup, and what was left of its group.
         const fromCgroup = a.runner?.cgroup ? (reclaimed.get(a.runner.cgroup) ?? []) : []
@@ -612,7 +678,7 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
               k,
               last.delivery === "acked" ? { kind: "released" } : { kind: last.delivery === "refused" ? "refused" : "abandoned", message: last.error ?? last.delivery }
             )
-          continue
+          return
         }
         // A crash between persisting the claim and its first event: the timeline starts now.
         if (a.phase === null) yield* append(k, "assigned", `${a.view.target.source}:${a.view.target.identity}`.slice(0, 1000))
@@ -625,13 +691,13 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
           yield* append(
             k,
             phaseNow,
-            `the controller restarted during ${phaseNow}` + (a.runner ? `; ${killed.length} surviving process(es) of the unit (pid ${a.runner.pid}) killed` : ""),
+            `${why.during} during ${phaseNow}` + (a.runner ? `; ${killed.length} surviving process(es) of the unit (pid ${a.runner.pid}) killed` : ""),
             "recovered"
           )
         if (last !== null) {
           // A queued result or release: the outbox resumes it.
           yield* state.putAssignment({ ...(yield* mustGet(k)), status: "delivering" })
-          continue
+          return
         }
         if (terminal) {
           // The terminal event was journaled, its result was not: queue it after that event.
@@ -646,7 +712,7 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
             const outcome = end.phase === "timed_out" ? "killed_at_deadline" : "scan_error"
             yield* state.putResult({ ...k, afterSeq: end.seq, body: resultBody(cur.fence, outcome, before, [], end.detail ?? "") })
           }
-          continue
+          return
         }
         // A scan stage that staged its result before the crash resumes at the upload stage. The result is
         // the scan's only if it was staged before the target-scan deadline and before the kill began (a
@@ -661,15 +727,19 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
               "timed_out",
               "killed_at_deadline",
               phaseNow,
-              `the target-scan deadline passed while the controller was down; the scan stage ended during ${phaseNow}` +
-                (stage !== null ? `; the result it staged at ${clockIso(stage.stagedAt)}, at or after the deadline, was discarded` : "")
+              `the target-scan deadline passed while ${why.meanwhile}; the scan stage ended during ${phaseNow}` +
+                (stage !== null ? `; the result it staged at ${clockIso(deviceClock.toWall(stage.stagedAt))} (this device's wall clock), at or after the deadline, was discarded` : "")
             )
-          else yield* finishEarly(k, "failed", "scan_error", phaseNow, `the controller restarted during ${phaseNow}; the execution unit was lost`)
+          else yield* finishEarly(k, "failed", "scan_error", phaseNow, `${why.during} during ${phaseNow}; the execution unit was lost`)
         } else {
           // The upload stage began but neither the staged file nor the queued result survived.
-          yield* finishEarly(k, "failed", "scan_error", phaseNow, `the controller restarted during ${phaseNow}; the staged result was lost`)
+          yield* finishEarly(k, "failed", "scan_error", phaseNow, `${why.during} during ${phaseNow}; the staged result was lost`)
         }
-      }
+      })
+
+    /** Finishes what a previous run of the controller left, in every fleet. */
+    const recover = Effect.gen(function* () {
+      for (const a of yield* state.assignments({ open: true })) yield* recoverOne(a, restarted)
       for (const s of yield* state.slots) if (s.reservationId !== null) yield* state.putSlot({ ...s, fleetId: null, reservationId: null, updatedAt: yield* now })
     })
 
@@ -704,12 +774,62 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
       Effect.flatMap(now, (askedAt) => Effect.map(Effect.uninterruptible(client.claim(slot)), (view) => (view === null ? null : { view, askedAt }))).pipe(
         Effect.tapError((e) => (e._tag === "ApiUnreachable" ? emit({ type: "retry", reservationId: 0, message: `claim for slot ${slot}: ${e.message}` }) : Effect.void)),
         Effect.retry({ schedule: reachBackoff, while: (e) => e._tag === "ApiUnreachable" }),
+        Effect.tap(() => Effect.sync(() => unknownHolder.delete(slot))),
         Effect.catchAll((e) =>
           // A slot whose last reservation still awaits its result is busy at the server for a moment; anything else needs an operator.
           e._tag === "ApiRefused" && /slot_busy|capacity/.test(e.error)
-            ? Effect.succeed(null)
+            ? Effect.as(e.error.endsWith("slot_busy") ? busyUnknown(slot, e.message) : Effect.void, null)
             : Effect.as(emit({ type: "error", message: `claim for slot ${slot} refused: ${e._tag === "ApiRefused" ? `${e.status} ${e.error}: ` : ""}${e.message}` }), null)
         )
+      )
+
+    // Slots the server holds busy for a reservation the local state does not know, already said in the log.
+    const unknownHolder = new Set<number>()
+    /**
+     * A slot the server holds busy while no open assignment of this device is on it: the local state
+     * lost the reservation (a deleted or replaced state file), and the refusal does not say which one
+     * it is, so the slot idles until the server expires it. Said once per slot, until it claims again.
+     */
+    const busyUnknown = (slot: number, message: string) =>
+      Effect.gen(function* () {
+        if (unknownHolder.has(slot)) return
+        const open = yield* Effect.orElseSucceed(state.assignments({ open: true }), () => [])
+        if (open.some((a) => a.slot === slot)) return
+        unknownHolder.add(slot)
+        yield* emit({
+          type: "error",
+          message:
+            `slot ${slot} is busy at the server with a reservation this device's local state does not know (${message}); ` +
+            `was the state file replaced or deleted? The slot stays idle until the server expires that reservation, or an operator cancels it`
+        })
+      })
+
+    /** Whether a failure is the state's disk being full (SQLite's SQLITE_FULL, the file system's ENOSPC). */
+    const diskFull = (cause: Cause.Cause<unknown>): boolean => {
+      // The SQLite error sits under the SqlError under the StateError: look down each chain.
+      const full = (e: unknown, depth = 0): boolean => {
+        if (e === null || typeof e !== "object" || depth > 5) return false
+        const { code, message } = e as { code?: unknown; message?: unknown }
+        if (code === "SQLITE_FULL" || code === "ENOSPC" || (typeof message === "string" && /database or disk is full|no space left on device/i.test(message))) return true
+        return full((e as { cause?: unknown }).cause, depth + 1)
+      }
+      return [...Cause.failures(cause), ...Cause.defects(cause)].some((e) => full(e))
+    }
+    const diskFullResumed: Resumed = { during: "a state write failed (the state disk was full)", meanwhile: "the state disk was full" }
+    /**
+     * A reservation whose state write failed for want of space is not dropped: the slot finishes it as a
+     * restart would (its result, or the scan's end), retrying every second until the disk has room again.
+     */
+    const resumeAfterDiskFull = (slot: number, k: LocalState.Key) =>
+      Effect.gen(function* () {
+        const a = yield* state.assignment(k)
+        if (a !== null && a.status !== "done") yield* recoverOne(a, diskFullResumed)
+        yield* state.putSlot({ slot, fleetId: null, reservationId: null, updatedAt: yield* now })
+      }).pipe(
+        Effect.sandbox,
+        Effect.retry({ schedule: Schedule.spaced(Duration.seconds(1)), while: (cause) => diskFull(cause) }),
+        Effect.unsandbox,
+        Effect.catchAllCause((cause) => emit({ type: "error", message: `slot ${slot}, reservation ${k.reservationId}: ${Cause.pretty(cause)}` }))
       )
 
     const slotLoop = (slot: number) =>
@@ -718,14 +838,21 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
           const registered = yield* Deferred.await(registeredSlots)
           // said once, at registration; polling the server with a claim it refuses would say it every poll
           if (registered !== null && slot >= registered) return yield* Effect.never
+          if (yield* stateGone) return yield* Effect.never
           const claimed = yield* claimOnce(slot)
           if (claimed === null) return yield* Effect.sleep(pollMs)
           const { view, askedAt } = claimed
+          const k: LocalState.Key = { fleetId: view.fleetId, reservationId: view.reservationId }
           yield* Effect.uninterruptible(Effect.zipRight(sawFleet(view.fleetId), execute(slot, view, askedAt))).pipe(
             Effect.catchAllCause((cause) =>
               Cause.isInterruptedOnly(cause)
                 ? Effect.failCause(cause)
-                : Effect.zipRight(emit({ type: "error", message: `slot ${slot}, reservation ${view.reservationId}: ${Cause.pretty(cause)}` }), Effect.sleep(pollMs))
+                : diskFull(cause)
+                  ? Effect.zipRight(
+                      emit({ type: "error", message: `state disk full: slot ${slot}, reservation ${view.reservationId}: ${Cause.pretty(cause)}; its pending work is retried once there is space` }),
+                      resumeAfterDiskFull(slot, k)
+                    )
+                  : Effect.zipRight(emit({ type: "error", message: `slot ${slot}, reservation ${view.reservationId}: ${Cause.pretty(cause)}` }), Effect.sleep(pollMs))
             )
           )
         })
@@ -748,7 +875,7 @@ export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controlle
     const slots = yield* FiberSet.make()
     for (let slot = 0; slot < opts.slots; slot++) yield* FiberSet.run(slots, slotLoop(slot))
     yield* Effect.addFinalizer(() => Effect.sync(() => stopUnits.abort()))
-    return { state, containment: plan, fleet: SubscriptionRef.get(fleet) }
+    return { state, containment: plan, fleet: SubscriptionRef.get(fleet), fatal: Deferred.await(fatal) }
   })
 
 /** A running device, for callers that do not use Effect. */
@@ -759,6 +886,8 @@ export interface Device {
   readonly containment: Containment.Plan
   /** Stops claiming, ends running units (their reservations are released), flushes the outbox for a while and closes the state. */
   readonly stop: () => Promise<void>
+  /** Resolves with the reason once the device cannot go on (see `StateGone`); stop it then. */
+  readonly fatal: Promise<StateGone>
 }
 
 /**
@@ -786,6 +915,8 @@ export const start = async (opts: Options): Promise<Device> => {
   return {
     state: LocalState.handle(device.state, run, () => Promise.resolve()),
     containment: device.containment,
+    // Never settles when the device is stopped first.
+    fatal: rt.runPromise(Effect.flip(device.fatal)).catch(() => new Promise<never>(() => {})),
     // Disposing twice closes the scope once.
     stop: () => rt.dispose()
   }

@@ -50,6 +50,8 @@ export const JobSchema = z
     acquireArgs: z.array(z.string()),
     /** Target-scan deadline on the device's clock, for the runner's information. */
     scanDeadline: z.number(),
+    /** The device clock's anchor (see `DeviceClock`): the unit stamps phases and its stage file on the controller's clock. */
+    clockAnchorMs: z.number().optional(),
     limits: OutputLimitsSchema.default(() => ({ ...defaultLimits }))
   })
   .strict()
@@ -104,7 +106,10 @@ export const readStaged = async (file: string, limits: OutputLimits = defaultLim
   try {
     const buf = Buffer.alloc(size)
     await fh.read(buf, 0, size, 0)
-    return StageFileSchema.parse(JSON.parse(buf.toString("utf8")))
+    const doc: unknown = JSON.parse(buf.toString("utf8"))
+    // Written by a build before the stage file said when it was staged: a bare result, staged when the file was written.
+    const bare = Scanner.StagedSchema.safeParse(doc)
+    return bare.success ? { stagedAt: Math.floor((await fh.stat()).mtimeMs), staged: bare.data } : StageFileSchema.parse(doc)
   } finally {
     await fh.close()
   }

@@ -14,6 +14,7 @@ import { mkdir, open, rename, rm, writeFile } from "node:fs/promises"
 import { join } from "node:path"
 import { pathToFileURL } from "node:url"
 import * as Containment from "../Containment.js"
+import * as DeviceClock from "../DeviceClock.js"
 import * as Scanner from "../Scanner.js"
 import * as UnitProtocol from "../UnitProtocol.js"
 import * as Output from "./Output.js"
@@ -26,12 +27,14 @@ const send = (msg: UnitProtocol.ToController): Promise<void> =>
     process.send(UnitProtocol.ToController.parse(msg), undefined, {}, () => resolve())
   })
 
+// The controller's device clock (it compares these times with the deadline), once the job names its anchor.
+let clock: DeviceClock.DeviceClock = DeviceClock.processClock
 let current = -1
 const enter = (phase: ScanPhase) => {
   const i = PhaseModel.scanStage.indexOf(phase)
   if (i <= current) return
   current = i
-  void send({ t: "phase", phase, at: Date.now() })
+  void send({ t: "phase", phase, at: clock.now() })
 }
 
 // The controller is gone (crashed or killed): the unit empties its box, itself included, rather than leave orphans.
@@ -167,6 +170,7 @@ const runModule = async (job: UnitProtocol.Job, spec: Extract<Scanner.ParsedSpec
 const run = async (raw: UnitProtocol.Job) => {
   try {
     const job = UnitProtocol.JobSchema.parse(raw)
+    if (job.clockAnchorMs !== undefined) clock = DeviceClock.fromAnchor(job.clockAnchorMs)
     enter("permit_wait")
     await send({ t: "permit_request" })
     await permit
@@ -176,7 +180,7 @@ const run = async (raw: UnitProtocol.Job) => {
     const staged = spec.kind === "command" ? await runCommand(job, spec) : await runModule(job, spec)
     enter("staging")
     const tmp = `${job.stageFile}.tmp`
-    const stagedAt = Date.now()
+    const stagedAt = clock.now()
     await writeFile(tmp, JSON.stringify({ stagedAt, staged } satisfies UnitProtocol.StageFile))
     const fh = await open(tmp, "r")
     await fh.sync()
@@ -185,7 +189,7 @@ const run = async (raw: UnitProtocol.Job) => {
     await send({ t: "staged", at: stagedAt, peakRssKiB: peakRssKiB() })
     process.exit(0)
   } catch (e) {
-    await send({ t: "failed", message: String(e instanceof Error && e.stack ? e.stack : e).slice(0, 4000), at: Date.now() })
+    await send({ t: "failed", message: String(e instanceof Error && e.stack ? e.stack : e).slice(0, 4000), at: clock.now() })
     process.exit(1)
   }
 }

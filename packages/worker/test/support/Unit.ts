@@ -26,7 +26,7 @@ export const build = (): Promise<void> =>
 export const unitPath = `${outDir}unit.js`
 
 /** The scanners under test/fixtures/adversarial (the hostile ones, and a few plain ones). */
-export const adversaries = ["restart-on-term", "daemonize", "term-trap", "hold-stdout", "flood", "blocked-cleanup", "exit-code", "fake-trufflehog", "flood-controller", "clean-on-term", "leftover-writer", "stop-unit", "many-files"] as const
+export const adversaries = ["restart-on-term", "daemonize", "term-trap", "hold-stdout", "flood", "blocked-cleanup", "exit-code", "fake-trufflehog", "flood-controller", "clean-on-term", "leftover-writer", "stop-unit", "many-files", "sleepy"] as const
 
 /** The bundled path of one adversarial scanner. */
 export const adversary = (name: (typeof adversaries)[number]): string => `${outDir}adversarial/${name}.js`

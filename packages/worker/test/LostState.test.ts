@@ -1,0 +1,86 @@
+import { mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { basename, dirname, join } from "node:path"
+import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest"
+import { bundle, spawnCli } from "./support/Controller.js"
+import * as Fleet from "./support/Fleet.js"
+import { useNoOrphans } from "./support/NoOrphans.js"
+import * as Poll from "./support/Poll.js"
+import { peek } from "./support/State.js"
+import * as Unit from "./support/Unit.js"
+
+useNoOrphans()
+
+vi.setConfig({ testTimeout: 180_000 })
+
+// A device whose local state is gone (deleted, or replaced by an empty file) while the server still
+// holds one of its reservations.
+
+const dir = mkdtempSync(join(tmpdir(), "scanfleet-lost-state-"))
+afterAll(() => rmSync(dir, { recursive: true, force: true }))
+beforeAll(async () => {
+  await Promise.all([bundle(), Unit.build()])
+}, 120_000)
+
+const cleanups: Array<() => Promise<unknown>> = []
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c()
+})
+
+let n = 0
+const controller = (fleet: Fleet.Fleet, state: string, scanner: string) => {
+  const p = spawnCli(["run", "--server", fleet.url, "--token", fleet.token, "--slots", "1", "--scanner", scanner === "demo" ? scanner : `command:${scanner}`, "--state", state, "--poll-ms", "50", "--grace-ms", "300"])
+  let out = ""
+  p.all?.on("data", (d: Buffer) => (out += d.toString("utf8")))
+  cleanups.push(async () => {
+    if (p.exitCode === null && p.pid) p.kill("SIGKILL")
+    await p
+  })
+  return { p, out: () => out }
+}
+
+/** Every file of a state: the SQLite file and everything beside it named after it. */
+const removeState = (state: string) => {
+  for (const f of readdirSync(dirname(state))) if (f.startsWith(basename(state))) rmSync(join(dirname(state), f), { recursive: true, force: true })
+}
+
+describe("a device that lost its local state", () => {
+  it("a slot the server holds for a reservation the device no longer knows is said in the log once, not swallowed", async () => {
+    const fleet = await Fleet.start({ scanSeconds: 60, uploadSeconds: 30, ttlSeconds: 120, slots: 1 })
+    cleanups.push(() => fleet.close())
+    await fleet.seed(["acme/held"])
+    const state = join(dir, `lost-${++n}.db`)
+    const scanner = join(dir, `sleepy-${n}.json`)
+    writeFileSync(scanner, JSON.stringify({ name: "sleepy", command: process.execPath, args: [Unit.adversary("sleepy"), join(dir, `lost-${n}.pids`), "600000", "{identity}"], exitCodes: { "3": "findings" } }))
+    const first = controller(fleet, state, scanner)
+    await Poll.until("the scan to start", () => peek(state, async (s) => (await s.assignments({ open: true })).find((x) => x.phase === "scanning")), 60_000, 25)
+    first.p.kill("SIGKILL")
+    await first.p
+    removeState(state)
+    await fleet.seed(["acme/waiting"])
+
+    const second = controller(fleet, state, scanner)
+    const said = (text: string) => text.split("\n").filter((l) => l.includes("slot 0 is busy at the server with a reservation this device's local state does not know")).length
+    await Poll.until("the busy slot in the log", () => said(second.out()) > 0, 30_000, 50)
+    // Dozens of refused claims later (one every 50 ms), it is still said once.
+    await new Promise((r) => setTimeout(r, 2000))
+    expect(said(second.out())).toBe(1)
+    second.p.kill("SIGTERM")
+    expect((await second.p).exitCode).toBe(0)
+  })
+
+  it("a state file deleted under a running controller stops it with an error naming the file and a non-zero exit, before it claims again", async () => {
+    const fleet = await Fleet.start({ scanSeconds: 20, slots: 1 })
+    cleanups.push(() => fleet.close())
+    const state = join(dir, `deleted-${++n}.db`)
+    const device = controller(fleet, state, "demo")
+    await Poll.until("the device to poll for work", () => device.out().includes("worker started"), 60_000, 25)
+    removeState(state)
+    await fleet.seed(["acme/after-the-loss"])
+    const exit = await Promise.race([device.p, new Promise<null>((r) => setTimeout(() => r(null), 30_000))])
+    expect(exit, "the controller stopped").not.toBeNull()
+    expect(exit!.exitCode).not.toBe(0)
+    expect(device.out()).toContain(`${state} was deleted or replaced while the controller ran`)
+    expect((await fleet.assignment(1).catch(() => null))?.state ?? "never claimed").toBe("never claimed")
+  })
+})
