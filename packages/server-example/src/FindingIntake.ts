@@ -53,7 +53,7 @@ export const accept = (findings: ReadonlyArray<unknown>, settings: Pick<ServerCo
     const clear = findings.flatMap((f, i) => Findings.unredacted(f).map((u) => ({
         path: ["findings", i, ...u.path],
         message: u.badPreview
-          ? `declared secret field "${u.field}" is a redaction marker whose preview is not Findings.preview's form (…(length), or up to four characters then …(length))`
+          ? `declared secret field "${u.field}" is not redacted: its marker's preview is not Findings.preview's form (…(length), or up to four characters then …(length))`
           : `declared secret field "${u.field}" is not redacted`
       })))
     if (clear.length > 0)
