@@ -41,19 +41,22 @@ afterAll(async () => {
 
 /** A device that tries each live server in turn, retrying network failures and 5xx answers. */
 const resilient = (urls: () => ReadonlyArray<string>, stats: { retries: number }) => async (token: string, method: string, path: string, body?: unknown): Promise<Answer> => {
+  let last = ""
   for (let attempt = 0; attempt < 200; attempt++) {
     for (const url of urls()) {
       try {
         const r = await call(url, method, path, { token, ...(body !== undefined ? { body } : {}) })
         if (r.status < 500) return r
-      } catch {
+        last = `${url}: ${r.status} ${r.text}`
+      } catch (e) {
         // connection refused or cut: the next server, or the next round
+        last = `${url}: ${String(e)}`
       }
       stats.retries++
     }
     await new Promise((r) => setTimeout(r, 25))
   }
-  throw new Error(`${method} ${path}: no server answered`)
+  throw new Error(`${method} ${path}: no server answered; the last answer was ${last}`)
 }
 
 /** Kills `server` once `n` of the answers counted by `seen` have come back. */
@@ -204,6 +207,7 @@ describe("server processes die and the database drops connections; nothing is lo
     expect(await violations(db.url)).toEqual([])
     // Both servers serve again without a restart.
     for (const s of servers) {
+      expect(s.alive(), `a server died:\n${s.output()}`).toBe(true)
       const r = await call(s.url, "GET", "/v1/admin/summary", { token: adminToken })
       expect(r.status, r.text).toBe(200)
     }

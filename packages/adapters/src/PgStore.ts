@@ -50,19 +50,30 @@ export const answerMargin = Duration.seconds(10)
 /** How long a statement waits for a pooled connection (or a new one) unless `connectTimeout` says otherwise. */
 export const defaultAcquireTimeout = Duration.seconds(5)
 
-// A client class whose statements give up when no answer comes within `ms`: the connection is
-// closed, so its statement (and any queued behind it) fails and the pool drops it. Without this a
-// database that stopped answering (a dead host, a black-holed network) held every request and the
-// pool's connections until the kernel gave up on the sockets, many minutes later.
-const answering = (Base: typeof Pg.Client, ms: number): typeof Pg.Client =>
+// The store's client class. A connection's error (PostgreSQL terminating its backend, a reset
+// socket) is an 'error' event, and one with no listener kills the process. The pool listens while a
+// connection is idle and the caller while it runs a statement, but a connection handed between the
+// two (below) or left by a caller after its first error had none: a backend terminated just as its
+// statement answered took the server down. Each client listens for its whole life; the error
+// leaves it not queryable, so its next statement fails and the pool drops it on release.
+//
+// With `answerWithin`, a statement gives up when no answer comes within that many ms: the
+// connection is closed, so its statement (and any queued behind it) fails and the pool drops it.
+// Without this a database that stopped answering (a dead host, a black-holed network) held every
+// request and the pool's connections until the kernel gave up on the sockets, many minutes later.
+const clientClass = (Base: typeof Pg.Client, answerWithin: number | undefined): typeof Pg.Client =>
   class extends Base {
+    constructor(...args: Array<any>) {
+      super(...(args as [Pg.ClientConfig]))
+      this.on("error", () => {})
+    }
     override query(...args: Array<any>): any {
       const callback = args[args.length - 1]
-      if (typeof callback !== "function") return (super.query as (...a: Array<any>) => any)(...args)
+      if (answerWithin === undefined || typeof callback !== "function") return (super.query as (...a: Array<any>) => any)(...args)
       const timer = setTimeout(() => {
         const stream = (this as unknown as { connection?: { stream?: { destroy: (e?: Error) => void } } }).connection?.stream
-        stream?.destroy(new Error(`no answer from PostgreSQL within ${ms} ms`))
-      }, ms)
+        stream?.destroy(new Error(`no answer from PostgreSQL within ${answerWithin} ms`))
+      }, answerWithin)
       timer.unref()
       return (super.query as (...a: Array<any>) => any)(...args.slice(0, -1), (err: unknown, res: unknown) => {
         clearTimeout(timer)
@@ -74,12 +85,24 @@ const answering = (Base: typeof Pg.Client, ms: number): typeof Pg.Client =>
 // pg-pool hands a freed connection to the next waiter inside the release call, and a waiter whose
 // caller has gone releases it at once, so a queue of them recursed until the stack overflowed (a
 // stalled database, thousands of requests given up, then the database back: the process died).
-// Each waiter is answered in a microtask of its own instead.
+// Each waiter is answered in a microtask of its own instead. The release can come from inside the
+// socket's read, before the rest of what was read is parsed: a connection whose error arrives in
+// that gap is dropped and the waiter asks again, rather than being handed a dead connection.
 class Pool extends Pg.Pool {
   override connect(callback?: any): any {
-    return callback === undefined
-      ? super.connect()
-      : super.connect((err: Error | undefined, client: Pg.PoolClient | undefined, release: (e?: Error | boolean) => void) => queueMicrotask(() => callback(err, client, release)))
+    if (callback === undefined) return super.connect()
+    return super.connect((err: Error | undefined, client: Pg.PoolClient | undefined, release: (e?: Error | boolean) => void) => {
+      if (client === undefined) return queueMicrotask(() => callback(err, client, release))
+      let failed: Error | undefined
+      const onError = (e: Error) => (failed ??= e)
+      client.on("error", onError)
+      queueMicrotask(() => {
+        client.off("error", onError)
+        if (failed === undefined) return callback(err, client, release)
+        release(failed)
+        this.connect(callback)
+      })
+    })
   }
 }
 
@@ -89,7 +112,6 @@ const pool = (config: PgClient.PgClientConfig, options: PoolOptions) =>
     Effect.tryPromise({
       try: async () => {
         const timeout = options.statementTimeout === null ? undefined : Duration.toMillis(Duration.decode(options.statementTimeout ?? defaultStatementTimeout))
-        const base = options.prepare === false ? Pg.Client : PreparingClient
         const p = new Pool({
           connectionString: config.url ? Redacted.value(config.url) : undefined,
           user: config.username,
@@ -110,7 +132,7 @@ const pool = (config: PgClient.PgClientConfig, options: PoolOptions) =>
           maxLifetimeSeconds: config.connectionTTL ? Duration.toSeconds(config.connectionTTL) : undefined,
           application_name: config.applicationName ?? "scanfleet",
           types,
-          Client: timeout === undefined ? base : answering(base, timeout + Duration.toMillis(answerMargin))
+          Client: clientClass(options.prepare === false ? Pg.Client : PreparingClient, timeout === undefined ? undefined : timeout + Duration.toMillis(answerMargin))
         })
         p.on("error", () => {})
         try {

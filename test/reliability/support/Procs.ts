@@ -1,6 +1,6 @@
 import { type ChildProcess, spawn } from "node:child_process"
 import { randomBytes, randomUUID } from "node:crypto"
-import { mkdirSync, readdirSync, readFileSync, rmSync } from "node:fs"
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync } from "node:fs"
 import { createServer as createNetServer } from "node:net"
 import { fileURLToPath } from "node:url"
 import pg from "pg"
@@ -20,7 +20,17 @@ export const root = fileURLToPath(new URL("../../../", import.meta.url))
 // packages' build makes their bins (build/standalone.ts): a bundle starts in a
 // fraction of the time a TypeScript loader takes. The worker's execution unit
 // and demo scanner are bundled beside it, where the built package keeps them.
-const buildDir = `${root}test/reliability/.build/${process.pid}/`
+const buildRoot = `${root}test/reliability/.build/`
+const buildDir = `${buildRoot}${process.pid}/`
+
+const running = (pid: number) => {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === "EPERM"
+  }
+}
 let built: Promise<{ server: string; worker: string }> | null = null
 
 /** Builds both CLIs (once per process); resolves to their paths. */
@@ -28,6 +38,8 @@ export const bundles = (): Promise<{ server: string; worker: string }> =>
   (built ??= (async () => {
     const { build } = await import("tsup")
     process.on("exit", () => rmSync(buildDir, { recursive: true, force: true }))
+    // A test process that is killed rather than exiting leaves its bundles: those of processes gone are removed.
+    for (const pid of existsSync(buildRoot) ? readdirSync(buildRoot) : []) if (!running(Number(pid))) rmSync(`${buildRoot}${pid}`, { recursive: true, force: true })
     mkdirSync(buildDir, { recursive: true })
     await build({
       ...standalone(
