@@ -201,10 +201,40 @@ export const findingConformance = (name: string, make: MakeStores, capabilities:
         expect([rest.findings, rest.events, rest.next]).toEqual([[], [], null])
         expect([rest.scans, rest.nextScans]).toEqual([[whole.scans[2]], null])
         // past the end is an empty page, not NotFound; both cursors continue both lists
-        expect(yield* f.forTarget({ ...q, after: Number.MAX_SAFE_INTEGER, limit: 2 })).toEqual({ findings: [], events: [], scans: [], next: null, nextScans: null })
+        expect(yield* f.forTarget({ ...q, after: Number.MAX_SAFE_INTEGER, limit: 2 })).toEqual({ findings: [], events: [], moreEvents: [], scans: [], next: null, nextScans: null })
         const both = yield* f.forTarget({ ...q, after: first.next!, scansAfter: first.nextScans!, limit: 2 })
         expect([both.findings.length, both.scans.length]).toEqual([2, 1])
         expect((yield* f.forTarget({ ...q, limit: 0 })).findings).toEqual([])
+      }))
+
+    test("a finding that changed more often than a target page carries: the page holds its newest changes and names it; its history reads every change once, in order, a page at a time", (s, f) =>
+      Effect.gen(function* () {
+        const d = yield* s.addDevice({ name: "d", slots: 1, tokenHash: "h", now: T0 })
+        // aws(1) comes and goes with every scan, so every scan changes it; aws(2) stays
+        const n = FindingStore.eventsPerFinding + 3
+        const reservations: Array<number> = []
+        for (let i = 0; i < n; i++) reservations.push((yield* scan(s, d.id, "o/flaps", T0 + i * 10 * MIN, i % 2 === 0 ? [aws(1), aws(2)] : [aws(2)])).reservationId)
+        const page = yield* f.forTarget({ source: "github", identity: "o/flaps", limit: 100 })
+        const [flapping, steady] = page.findings.map((x) => x.id)
+        expect(page.moreEvents).toEqual([flapping])
+        expect(page.events.filter((e) => e.findingId === flapping).map((e) => e.reservationId)).toEqual(reservations.slice(-FindingStore.eventsPerFinding))
+        expect(page.events.filter((e) => e.findingId === steady).map((e) => [e.reservationId, e.kind])).toEqual([[reservations[0], "new"]])
+        expect([...page.events].sort(FindingStore.eventOrder)).toEqual(page.events)
+        // the whole history, seven changes a page
+        const events: Array<Findings.Event> = []
+        for (let after: number | null | undefined = undefined; after !== null; ) {
+          const p: FindingStore.History = yield* f.history({ findingId: flapping, ...(after === undefined ? {} : { after }), limit: 7 })
+          expect(p.events.length).toBeLessThanOrEqual(7)
+          events.push(...p.events)
+          after = p.next
+        }
+        expect(events.map((e) => e.reservationId)).toEqual(reservations)
+        expect(events.map((e) => e.kind)).toEqual(reservations.map((_, i) => (i === 0 ? "new" : i % 2 === 1 ? "resolved" : "reopened")))
+        expect(events.slice(-FindingStore.eventsPerFinding)).toEqual(page.events.filter((e) => e.findingId === flapping))
+        expect(yield* f.history({ findingId: steady, limit: 7 })).toEqual({ events: page.events.filter((e) => e.findingId === steady), next: null })
+        // past the end is an empty page; a finding that does not exist is NotFound
+        expect(yield* f.history({ findingId: flapping, after: Number.MAX_SAFE_INTEGER, limit: 7 })).toEqual({ events: [], next: null })
+        expect((yield* Effect.flip(f.history({ findingId: steady + 1000, limit: 7 })))._tag).toBe("NotFound")
       }))
 
     test("filters and keyset pagination: every matching finding exactly once, in id order", (s, f) =>

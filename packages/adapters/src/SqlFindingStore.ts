@@ -51,6 +51,14 @@ const scan = (r: Row): Findings.Scan => ({
   resolved: Number(r.resolved_count)
 })
 
+const event = (r: Row): Findings.Event => ({
+  findingId: Number(r.finding_id),
+  reservationId: Number(r.reservation_id),
+  kind: r.kind as Findings.Event["kind"],
+  revision: text(r.revision),
+  at: Number(r.at)
+})
+
 const outboxEvent = (r: Row): Findings.OutboxEvent => ({ seq: Number(r.seq), ...(JSON.parse(String(r.payload)) as Omit<Findings.OutboxEvent, "seq">) })
 
 /** What the findings of an accepted result are related under: its reservation and target. */
@@ -231,20 +239,41 @@ export const make: Effect.Effect<FindingStore.FindingStoreShape, never, SqlClien
           }
           const findings = fs.slice(0, limit)
           const scans = ss.slice(0, limit)
-          const events =
+          // Each finding's newest changes: `cut` is the reservation of the first change left off
+          // (null when none is), found by the primary key, so a finding's age never decides the read.
+          const rows =
             findings.length === 0
               ? []
-              : (yield* sql<Row>`
-                  SELECT * FROM finding_events WHERE finding_id ${inIds(findings.map((f) => f.id))} ORDER BY at, reservation_id, finding_id`).map(
-                  (r): Findings.Event => ({ findingId: Number(r.finding_id), reservationId: Number(r.reservation_id), kind: r.kind as Findings.Event["kind"], revision: text(r.revision), at: Number(r.at) })
-                )
+              : yield* sql<Row>`
+                  WITH cuts AS (
+                    SELECT f.id, (SELECT x.reservation_id FROM finding_events x WHERE x.finding_id = f.id ORDER BY x.reservation_id DESC LIMIT 1 OFFSET ${FindingStore.eventsPerFinding}) AS cut
+                    FROM findings f WHERE f.id ${inIds(findings.map((f) => f.id))})
+                  SELECT e.*, c.cut FROM cuts c JOIN finding_events e ON e.finding_id = c.id AND (c.cut IS NULL OR e.reservation_id > c.cut)
+                  ORDER BY e.at, e.reservation_id, e.finding_id`
+          const moreEvents = new Set(rows.filter((r) => r.cut !== null).map((r) => Number(r.finding_id)))
           return {
             findings,
-            events,
+            events: rows.map(event),
+            moreEvents: findings.map((f) => f.id).filter((id) => moreEvents.has(id)),
             scans,
             next: fs.length > limit && findings.length > 0 ? findings[findings.length - 1].id : null,
             nextScans: ss.length > limit && scans.length > 0 ? scans[scans.length - 1].reservationId : null
           }
+        })
+      ),
+    // A keyset page of one finding's changes by its primary key (finding, reservation).
+    history: (q) =>
+      mapped(
+        Effect.gen(function* () {
+          const limit = Math.max(0, Math.min(10_000, Math.floor(q.limit)))
+          const notFound = new Errors.NotFound({ entity: "finding", key: String(q.findingId) })
+          if (!Number.isSafeInteger(q.findingId)) return yield* Effect.fail(notFound)
+          const rows = (yield* sql<Row>`
+            SELECT * FROM finding_events WHERE finding_id = ${q.findingId} AND reservation_id > ${q.after ?? 0} ORDER BY reservation_id LIMIT ${limit + 1}`).map(event)
+          // every finding has its first change, so only a page past the end asks whether the finding exists
+          if (rows.length === 0 && (yield* sql<Row>`SELECT 1 AS x FROM findings WHERE id = ${q.findingId}`).length === 0) return yield* Effect.fail(notFound)
+          const events = rows.slice(0, limit)
+          return { events, next: rows.length > limit && events.length > 0 ? events[events.length - 1].reservationId : null }
         })
       ),
     scan: (reservationId) =>

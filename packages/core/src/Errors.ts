@@ -36,7 +36,7 @@ export class StoreError extends Data.TaggedError("StoreError")<{
 
 /** A lookup that found nothing. */
 export class NotFound extends Data.TaggedError("NotFound")<{
-  readonly entity: "target" | "assignment" | "device" | "config"
+  readonly entity: "target" | "assignment" | "device" | "config" | "finding"
   readonly key: string
 }> {}
 

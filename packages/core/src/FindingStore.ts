@@ -26,16 +26,41 @@ export interface TargetQuery {
   readonly limit: number
 }
 
+/**
+ * The most changes of one finding a target page carries: its newest. A finding that comes and
+ * goes with every scan changes with every scan, so without a bound one page could carry a year of
+ * scans per finding; `history` reads a finding's changes a page at a time.
+ */
+export const eventsPerFinding = 20
+
 /** A page of a target's findings with the changes in their lives, and of its related scans (oldest first). */
 export interface TargetFindings {
   readonly findings: ReadonlyArray<Findings.Finding>
-  /** Every change in the lives of this page's findings, oldest first. */
+  /** The changes in the lives of this page's findings, at most `eventsPerFinding` of each (its newest), oldest first. */
   readonly events: ReadonlyArray<Findings.Event>
+  /** The ids of this page's findings that have older changes than `events` carries (read them with `history`), in id order. */
+  readonly moreEvents: ReadonlyArray<number>
   readonly scans: ReadonlyArray<Findings.Scan>
   /** The cursor of the next page of findings (`after`); null when this page has the last one, or none. */
   readonly next: number | null
   /** The cursor of the next page of scans (`scansAfter`); null when this page has the last one, or none. */
   readonly nextScans: number | null
+}
+
+/** One finding's changes from a cursor on (`history`). */
+export interface HistoryQuery {
+  readonly findingId: number
+  /** The `next` of the previous page: the reservation of the last change it held. */
+  readonly after?: number
+  /** The most changes one page holds. */
+  readonly limit: number
+}
+
+/** A page of one finding's changes, oldest first. */
+export interface History {
+  readonly events: ReadonlyArray<Findings.Event>
+  /** The cursor of the next page (`after`); null when this page has the last change. */
+  readonly next: number | null
 }
 
 /** Which lists a target page holds: a cursor continues its own list only; no cursor starts both. */
@@ -61,8 +86,10 @@ export class FindingStore extends Context.Tag("@scanfleet/core/FindingStore")<
     readonly newest: (limit: number) => Effect.Effect<ReadonlyArray<Findings.Finding>, StoreError>
     /** How many findings have each status, each counted up to `cap + 1` at most, so the read stays bounded: above `cap` reads as "more than cap". */
     readonly countByStatus: (cap: number) => Effect.Effect<Readonly<Record<Findings.Status, number>>, StoreError>
-    /** One page of a target's findings with their history, and of its scans; NotFound when it has no finding and no related scan at all. */
+    /** One page of a target's findings with their newest changes, and of its scans; NotFound when it has no finding and no related scan at all. */
     readonly forTarget: (q: TargetQuery) => Effect.Effect<TargetFindings, NotFound | StoreError>
+    /** One finding's changes in the order they happened (by reservation), a keyset page at a time; NotFound when there is no such finding. */
+    readonly history: (q: HistoryQuery) => Effect.Effect<History, NotFound | StoreError>
     /** The summary of the scan one reservation delivered; null when it touched no finding (a failed scan, or a clean one of a target with none): read as zeros. */
     readonly scan: (reservationId: number) => Effect.Effect<Findings.Scan | null, StoreError>
     /** Outbox events after a position, in order; at most `limit`. */
@@ -201,13 +228,24 @@ export const makeMemory = (): Memory => {
         const findings = f.slice(0, limit)
         const page = sc.slice(0, limit)
         const ids = new Set(findings.map((x) => x.id))
+        const newest = (id: number) => events.filter((e) => e.findingId === id).sort((a, b) => b.reservationId - a.reservationId)
+        const shown = findings.map((x) => newest(x.id))
         return Effect.succeed({
           findings,
-          events: events.filter((e) => ids.has(e.findingId)).sort(eventOrder),
+          events: shown.flatMap((es) => es.slice(0, eventsPerFinding)).filter((e) => ids.has(e.findingId)).sort(eventOrder),
+          moreEvents: findings.filter((_, i) => shown[i].length > eventsPerFinding).map((x) => x.id),
           scans: page,
           next: f.length > limit && findings.length > 0 ? findings[findings.length - 1].id : null,
           nextScans: sc.length > limit && page.length > 0 ? page[page.length - 1].reservationId : null
         })
+      }),
+    history: (q) =>
+      Effect.suspend(() => {
+        if (!rows.some((f) => f.id === q.findingId)) return Effect.fail(new NotFound({ entity: "finding", key: String(q.findingId) }))
+        const limit = Math.max(0, Math.floor(q.limit))
+        const mine = events.filter((e) => e.findingId === q.findingId && e.reservationId > (q.after ?? 0)).sort((a, b) => a.reservationId - b.reservationId)
+        const page = mine.slice(0, limit)
+        return Effect.succeed({ events: page, next: mine.length > limit && page.length > 0 ? page[page.length - 1].reservationId : null })
       }),
     scan: (reservationId) => Effect.sync(() => scans.find((s) => s.reservationId === reservationId) ?? null),
     outbox: (after, limit) => Effect.sync(() => outbox.filter((e) => e.seq > after).slice(0, Math.max(0, Math.floor(limit)))),

@@ -90,15 +90,21 @@ export const ScanView = z
   })
   .strict()
 
+/** One change in a finding's life: new, reopened or resolved by a reservation's scan, with the revision it covered. */
+export const EventView = z
+  .object({ findingId: z.number().int(), reservationId: z.number().int(), kind: z.enum(["new", "reopened", "resolved"]), revision: z.string().nullable(), at: epochMs })
+  .strict()
+
 /**
- * GET /v1/admin/findings/target: one page of a target's findings (id order) with every change in
- * their lives, and of its scans (reservation order); `next` and `nextScans` are the cursors of the
- * following pages (null on the last).
+ * GET /v1/admin/findings/target: one page of a target's findings (id order) with the newest
+ * changes in their lives (`moreEvents` names the findings with older ones), and of its scans
+ * (reservation order); `next` and `nextScans` are the cursors of the following pages (null on the last).
  */
 export const TargetHistory = z
   .object({
     findings: z.array(FindingView),
-    events: z.array(z.object({ findingId: z.number().int(), reservationId: z.number().int(), kind: z.enum(["new", "reopened", "resolved"]), revision: z.string().nullable(), at: epochMs }).strict()),
+    events: z.array(EventView),
+    moreEvents: z.array(z.number().int()),
     scans: z.array(ScanView),
     next: z.number().int().nullable(),
     nextScans: z.number().int().nullable()
@@ -120,6 +126,17 @@ export const TargetQuery = z
     limit: queryIntegerOr(1, 1000, 100)
   })
   .strict()
+
+/** GET /v1/admin/findings/:id/history query: `after` is the `next` of a previous page. */
+export const HistoryQuery = z
+  .object({
+    after: queryInteger(0, Number.MAX_SAFE_INTEGER).optional(),
+    limit: queryIntegerOr(1, 1000, 100)
+  })
+  .strict()
+
+/** GET /v1/admin/findings/:id/history: one finding's changes in the order they happened, a keyset page at a time. */
+export const History = z.object({ events: z.array(EventView), next: z.number().int().nullable() }).strict()
 
 /** GET /v1/device/fleet-key: the key devices fingerprint secrets with (hex), and its id so a rotation shows. */
 export const FleetKey = z.object({ keyId: z.string(), key: z.string().regex(/^[0-9a-f]{64}$/) }).strict()

@@ -44,12 +44,25 @@ export const main = async (words: ReadonlyArray<string>, flags: ReadonlyMap<stri
       Effect.either(
         Effect.gen(function* () {
           const key = { source: q.data.source, identity: q.data.identity, limit: 1000 }
+          // A page carries each finding's newest changes; those with older ones are read whole from their history.
+          const changes = (p: FindingStore.TargetFindings) =>
+            Effect.gen(function* () {
+              const events = p.events.filter((e) => !p.moreEvents.includes(e.findingId))
+              for (const findingId of p.moreEvents) {
+                for (let after: number | null = 0; after !== null; ) {
+                  const h: FindingStore.History = yield* f.history({ findingId, after, limit: 1000 })
+                  events.push(...h.events)
+                  after = h.next
+                }
+              }
+              return events
+            })
           const first = yield* f.forTarget(key)
-          const all = { findings: [...first.findings], events: [...first.events], scans: [...first.scans] }
+          const all = { findings: [...first.findings], events: yield* changes(first), scans: [...first.scans] }
           for (let after = first.next; after !== null; ) {
             const p: FindingStore.TargetFindings = yield* f.forTarget({ ...key, after })
             all.findings.push(...p.findings)
-            all.events.push(...p.events)
+            all.events.push(...(yield* changes(p)))
             after = p.next
           }
           for (let scansAfter = first.nextScans; scansAfter !== null; ) {

@@ -30,10 +30,20 @@ export const endpoints: ReadonlyArray<Endpoint> = [
     path: "/v1/admin/findings/target",
     auth: "admin (bearer or cookie)",
     summary:
-      "One target's findings, the changes in their lives (new, reopened, resolved, with the revision) and its scans with their summaries (new, still present, resolved), a keyset page at a time: at most `limit` findings (default 100, at most 1000) in id order, each page with every event of its findings, and at most `limit` scans in reservation order. The first page (no cursor) starts both lists; pass the answer's `next` as `after` for the following findings (that page carries no scans) and `nextScans` as `scansAfter` for the following scans (no findings); each is null on its list's last page. A cursor past the end is an empty page, not a 404.",
+      "One target's findings, the changes in their lives (new, reopened, resolved, with the revision) and its scans with their summaries (new, still present, resolved), a keyset page at a time: at most `limit` findings (default 100, at most 1000) in id order, each page with the newest 20 events of each of its findings (`moreEvents` lists those with older ones: read them from their history), and at most `limit` scans in reservation order. The first page (no cursor) starts both lists; pass the answer's `next` as `after` for the following findings (that page carries no scans) and `nextScans` as `scansAfter` for the following scans (no findings); each is null on its list's last page. A cursor past the end is an empty page, not a 404.",
     query: FindingsApi.TargetQuery,
     response: { status: 200, schema: FindingsApi.TargetHistory },
     errors: ["404 the target has no findings and no related scan"]
+  },
+  {
+    method: "GET",
+    path: "/v1/admin/findings/:id/history",
+    auth: "admin (bearer or cookie)",
+    summary:
+      "One finding's changes (new, reopened, resolved, with the revision) in the order they happened, a keyset page at a time: at most `limit` (default 100, at most 1000); pass the answer's `next` as `after` for the following page (null on the last). A cursor past the end is an empty page, not a 404.",
+    query: FindingsApi.HistoryQuery,
+    response: { status: 200, schema: FindingsApi.History },
+    errors: ["404 no such finding"]
   },
   {
     method: "GET",

@@ -49,7 +49,17 @@ const target = Effect.gen(function* () {
   const q = yield* Request.query(FindingsApi.TargetQuery)
   const f = yield* findingStore
   const t = yield* storeOp(f.forTarget(q))
-  return ok({ findings: t.findings.map(Rules.view), events: [...t.events], scans: [...t.scans], next: t.next, nextScans: t.nextScans } satisfies z.infer<typeof FindingsApi.TargetHistory>)
+  return ok({ findings: t.findings.map(Rules.view), events: [...t.events], moreEvents: [...t.moreEvents], scans: [...t.scans], next: t.next, nextScans: t.nextScans } satisfies z.infer<typeof FindingsApi.TargetHistory>)
+})
+
+/** GET /v1/admin/findings/:id/history?after=&limit=: one keyset page of a finding's changes. */
+const history = Effect.gen(function* () {
+  yield* Auth.admin({ cookie: true })
+  const id = yield* Request.idParam("id")
+  const q = yield* Request.query(FindingsApi.HistoryQuery)
+  const f = yield* findingStore
+  const h = yield* storeOp(f.history({ findingId: id, ...(q.after !== undefined ? { after: q.after } : {}), limit: q.limit }))
+  return ok({ events: [...h.events], next: h.next } satisfies z.infer<typeof FindingsApi.History>)
 })
 
 /** GET /v1/admin/findings/scans/:id: the summary of the scan a reservation delivered (zeros when it touched no finding). */
@@ -144,6 +154,7 @@ const redeliver = Effect.gen(function* () {
 export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Settings> = HttpRouter.empty.pipe(
   HttpRouter.get("/v1/admin/findings", list),
   HttpRouter.get("/v1/admin/findings/target", target),
+  HttpRouter.get("/v1/admin/findings/:id/history", history),
   HttpRouter.get("/v1/admin/findings/export", exportRoute),
   HttpRouter.get("/v1/admin/findings/scans/:id", scan),
   HttpRouter.get("/v1/admin/findings/webhook/dead-letters", deadLetters),

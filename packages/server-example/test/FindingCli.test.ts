@@ -1,3 +1,4 @@
+import { FindingStore } from "@scanfleet/core"
 import { Effect } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as Database from "../src/Database.js"
@@ -33,6 +34,8 @@ describe("scanfleet-server findings (list, target, export)", () => {
         yield* scan("cli/one", ["s1", "s2", "s3"], t)
         yield* scan("cli/one", ["s2", "s3", "s4"], t + 10_000)
         yield* scan("cli/two", ["s5"], t + 20_000)
+        // s6 comes and goes with every scan: more changes than a target page carries
+        for (let i = 0; i < FindingStore.eventsPerFinding + 5; i++) yield* scan("cli/flaps", i % 2 === 0 ? ["s6", "s7"] : ["s7"], t + 30_000 + i * 10_000)
       }).pipe(Effect.provide(Database.layer(db.url)))
     )
   })
@@ -45,7 +48,7 @@ describe("scanfleet-server findings (list, target, export)", () => {
     const cursor = /--after (\d+)/.exec(first.err)?.[1]
     expect(cursor).toBe(String(page1[1].id))
     const rest = await run("list", "--after", cursor!, "--limit", "10")
-    expect(rest.out.trim().split("\n")).toHaveLength(3)
+    expect(rest.out.trim().split("\n")).toHaveLength(5)
     expect(rest.err).toBe("")
     const resolved = await run("list", "--status", "resolved")
     expect(resolved.out.trim().split("\n").map((l) => JSON.parse(l).path)).toEqual(["s1.txt"])
@@ -58,8 +61,20 @@ describe("scanfleet-server findings (list, target, export)", () => {
     const sarif = JSON.parse((await run("export", "--format", "sarif", "--identity", "cli/one")).out)
     expect(sarif.version).toBe("2.1.0")
     expect(sarif.runs[0].results).toHaveLength(4)
-    expect((await run("export")).out.trim().split("\n")).toHaveLength(5)
+    expect((await run("export")).out.trim().split("\n")).toHaveLength(7)
     expect((await run("list", "--status", "gone")).code).toBe(2)
     expect((await run("frobnicate")).code).toBe(2)
+  })
+
+  it("prints a target's whole history, the changes a target page leaves off included", async () => {
+    const target = await run("target", "github", "cli/flaps")
+    expect(target.code, target.err).toBe(0)
+    const t = JSON.parse(target.out)
+    const [flapping, steady] = t.findings.map((f: { id: number }) => f.id)
+    const kinds = (id: number) => t.events.filter((e: { findingId: number }) => e.findingId === id).map((e: { kind: string }) => e.kind)
+    const n = FindingStore.eventsPerFinding + 5
+    expect(kinds(flapping)).toEqual(Array.from({ length: n }, (_, i) => (i === 0 ? "new" : i % 2 === 1 ? "resolved" : "reopened")))
+    expect(kinds(steady)).toEqual(["new"])
+    expect(t.scans).toHaveLength(n)
   })
 })
