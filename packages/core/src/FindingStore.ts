@@ -227,12 +227,11 @@ export const makeMemory = (): Memory => {
         const sc = parts.scans ? theirScans.filter((x) => x.reservationId > (q.scansAfter ?? 0)) : []
         const findings = f.slice(0, limit)
         const page = sc.slice(0, limit)
-        const ids = new Set(findings.map((x) => x.id))
         const newest = (id: number) => events.filter((e) => e.findingId === id).sort((a, b) => b.reservationId - a.reservationId)
         const shown = findings.map((x) => newest(x.id))
         return Effect.succeed({
           findings,
-          events: shown.flatMap((es) => es.slice(0, eventsPerFinding)).filter((e) => ids.has(e.findingId)).sort(eventOrder),
+          events: shown.flatMap((es) => es.slice(0, eventsPerFinding)).sort(eventOrder),
           moreEvents: findings.filter((_, i) => shown[i].length > eventsPerFinding).map((x) => x.id),
           scans: page,
           next: f.length > limit && findings.length > 0 ? findings[findings.length - 1].id : null,
