@@ -2,6 +2,7 @@ import { type Errors, FindingStore, type Operations, type Store } from "@scanfle
 import { Data, Duration, Layer, Redacted } from "effect"
 import { mkdirSync } from "node:fs"
 import { dirname, resolve } from "node:path"
+import * as SqlErrors from "./internal/SqlErrors.js"
 import * as PgStore from "./PgStore.js"
 import * as SqliteStore from "./SqliteStore.js"
 
@@ -48,6 +49,9 @@ export const parse = (url: string): Backend => {
   return { _tag: "sqlite", filename: resolve(path) }
 }
 
+/** Whether the store refused a write because its database is read-only (a PostgreSQL standby or `default_transaction_read_only`, a SQLite file without write access); such an error's reason is `unavailable`. */
+export const isReadOnly = (e: Errors.StoreError): boolean => e.reason === "unavailable" && SqlErrors.isReadOnly(e.cause)
+
 /** The URL with any password hidden, for logs. */
 export const redact = (url: string): string => url.replace(/\/\/([^:/@]+):[^@/]*@/, "//$1:***@")
 
@@ -62,7 +66,8 @@ export interface LayerOptions {
 }
 
 /**
- * The Store a database URL names, with its operator port and its FindingStore, migrated to the latest schema. Releasing
+ * The Store a database URL names, with its operator port and its FindingStore, migrated to the latest schema (on
+ * PostgreSQL also the pool's `PgStore.PoolProbe`, read with `Effect.serviceOption`). Releasing
  * the layer closes the connection pool. A URL `check` refuses is a defect:
  * validate settings before building layers.
  *

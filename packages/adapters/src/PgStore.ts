@@ -1,7 +1,7 @@
 import { PgClient } from "@effect/sql-pg"
 import type { SqlClient } from "@effect/sql"
 import { SqlError } from "@effect/sql"
-import { Config, Duration, Effect, Layer, Redacted } from "effect"
+import { Config, Context, Duration, Effect, Layer, Redacted } from "effect"
 import * as Pg from "pg"
 import { Errors, type FindingStore, type Operations, Store } from "@scanfleet/core"
 import * as SqlFindingStore from "./SqlFindingStore.js"
@@ -56,23 +56,26 @@ export const defaultAcquireTimeout = Duration.seconds(5)
 // two (below) or left by a caller after its first error had none: a backend terminated just as its
 // statement answered took the server down. Each client listens for its whole life; the error
 // leaves it not queryable, so its next statement fails and the pool drops it on release.
+// Each client is in `open` from its creation to its end, so closing the pool can cut those still
+// busy (`close`).
 //
 // With `answerWithin`, a statement gives up when no answer comes within that many ms: the
 // connection is closed, so its statement (and any queued behind it) fails and the pool drops it.
 // Without this a database that stopped answering (a dead host, a black-holed network) held every
 // request and the pool's connections until the kernel gave up on the sockets, many minutes later.
-const clientClass = (Base: typeof Pg.Client, answerWithin: number | undefined): typeof Pg.Client =>
+const clientClass = (Base: typeof Pg.Client, answerWithin: number | undefined, open: Set<Pg.Client>): typeof Pg.Client =>
   class extends Base {
     constructor(...args: Array<any>) {
       super(...(args as [Pg.ClientConfig]))
       this.on("error", () => {})
+      open.add(this)
+      this.once("end", () => open.delete(this))
     }
     override query(...args: Array<any>): any {
       const callback = args[args.length - 1]
       if (answerWithin === undefined || typeof callback !== "function") return (super.query as (...a: Array<any>) => any)(...args)
       const timer = setTimeout(() => {
-        const stream = (this as unknown as { connection?: { stream?: { destroy: (e?: Error) => void } } }).connection?.stream
-        stream?.destroy(new Error(`no answer from PostgreSQL within ${answerWithin} ms`))
+        cut(this, new Error(`no answer from PostgreSQL within ${answerWithin} ms`))
       }, answerWithin)
       timer.unref()
       return (super.query as (...a: Array<any>) => any)(...args.slice(0, -1), (err: unknown, res: unknown) => {
@@ -81,6 +84,28 @@ const clientClass = (Base: typeof Pg.Client, answerWithin: number | undefined): 
       })
     }
   }
+
+// Closes a connection's socket at once: its statement in flight (and any queued behind it) fails.
+const cut = (client: Pg.Client, reason: Error) =>
+  (client as unknown as { connection?: { stream?: { destroy: (e?: Error) => void } } }).connection?.stream?.destroy(reason)
+
+/** How long closing the pool waits for the connections still busy (statements of work the server left at its deadline) before it cuts them. */
+export const closeWait = Duration.seconds(1)
+
+// pg-pool's `end` waits for every busy connection to be given back, and a statement on a connection
+// to a database that stopped answering is given back only when the answer margin cuts it, or never
+// without a statement timeout: the process could not exit. Past `closeWait` those connections are
+// cut, and said so.
+const close = (p: Pool, open: ReadonlySet<Pg.Client>) =>
+  Effect.gen(function* () {
+    // A finalizer runs uninterruptibly, and a timeout can only end what it can interrupt.
+    const ended = yield* Effect.promise(() => p.end()).pipe(Effect.interruptible, Effect.timeoutOption(closeWait))
+    if (ended._tag === "Some" || open.size === 0) return
+    yield* Effect.logWarning("closing the PostgreSQL pool: connections still busy were cut").pipe(
+      Effect.annotateLogs({ busyConnections: open.size, waitedMs: Duration.toMillis(closeWait) })
+    )
+    for (const c of open) cut(c, new Error("the pool was closed"))
+  })
 
 // pg-pool hands a freed connection to the next waiter inside the release call, and a waiter whose
 // caller has gone releases it at once, so a queue of them recursed until the stack overflowed (a
@@ -107,7 +132,7 @@ class Pool extends Pg.Pool {
 }
 
 // The pool @effect/sql-pg would build from these settings, with scanfleet's client class.
-const pool = (config: PgClient.PgClientConfig, options: PoolOptions) =>
+const pool = (config: PgClient.PgClientConfig, options: PoolOptions, open: Set<Pg.Client>) =>
   Effect.acquireRelease(
     Effect.tryPromise({
       try: async () => {
@@ -132,7 +157,7 @@ const pool = (config: PgClient.PgClientConfig, options: PoolOptions) =>
           maxLifetimeSeconds: config.connectionTTL ? Duration.toSeconds(config.connectionTTL) : undefined,
           application_name: config.applicationName ?? "scanfleet",
           types,
-          Client: clientClass(options.prepare === false ? Pg.Client : PreparingClient, timeout === undefined ? undefined : timeout + Duration.toMillis(answerMargin))
+          Client: clientClass(options.prepare === false ? Pg.Client : PreparingClient, timeout === undefined ? undefined : timeout + Duration.toMillis(answerMargin), open)
         })
         p.on("error", () => {})
         try {
@@ -150,21 +175,74 @@ const pool = (config: PgClient.PgClientConfig, options: PoolOptions) =>
         onTimeout: () => new SqlError.SqlError({ cause: new Error("Connection timed out"), message: "PgClient: Connection timed out" })
       })
     ),
-    (p) => Effect.promise(() => p.end()).pipe(Effect.timeoutOption(1000))
+    (p) => close(p, open)
   )
 
-/** A PgClient layer configured the way the store expects (BIGINT as numbers; hot statements prepared unless `prepare: false`). */
-export const clientLayer = (config: PgClient.PgClientConfig, options: PoolOptions = {}): Layer.Layer<PgClient.PgClient | SqlClient.SqlClient, Errors.StoreError> =>
+/** How the store's pool stands, for a readiness probe. */
+export interface PoolUsage {
+  /** Connections handed out to statements (or opening for one). */
+  readonly inUse: number
+  /** The most connections the pool opens. */
+  readonly max: number
+  /** Callers waiting for a connection. */
+  readonly waiting: number
+  /** Every connection the pool may open is in use: a statement now waits for one to be given back. */
+  readonly saturated: boolean
+}
+
+/**
+ * What the store's own pool knows beyond its statements, for a readiness probe: a probe's
+ * statement waits behind the pool's callers, so with every connection in use it cannot tell a
+ * busy database from one that does not answer; `ask` can, on a connection of its own.
+ */
+export class PoolProbe extends Context.Tag("@scanfleet/adapters/PgStore/PoolProbe")<
+  PoolProbe,
+  {
+    /** The pool's connections now. */
+    readonly usage: Effect.Effect<PoolUsage>
+    /** `SELECT 1` on a new connection outside the pool, closed after; fails `unavailable`, saying why, without an answer within `timeout`. */
+    readonly ask: (timeout: Duration.DurationInput) => Effect.Effect<void, Errors.StoreError>
+  }
+>() {}
+
+const usageOf = (p: Pool): PoolUsage => {
+  const inUse = p.totalCount - p.idleCount
+  const max = p.options.max ?? 10
+  return { inUse, max, waiting: p.waitingCount, saturated: inUse >= max }
+}
+
+// A plain client with the pool's settings (pg-pool makes its clients from the same options), bounded
+// by `timeout` for the connection and again for the statement.
+const ask = (p: Pool, timeout: Duration.DurationInput): Effect.Effect<void, Errors.StoreError> => {
+  const ms = Duration.toMillis(Duration.decode(timeout))
+  return Effect.acquireUseRelease(
+    Effect.sync(() => new Pg.Client({ ...p.options, connectionTimeoutMillis: ms, query_timeout: ms }).on("error", () => {})),
+    (c) => Effect.tryPromise(async () => void (await c.connect(), await c.query("SELECT 1"))),
+    (c) => Effect.sync(() => void c.end().catch(() => {}))
+  ).pipe(Effect.mapError((e) => toStoreError(new SqlError.SqlError({ cause: e.error, message: "PostgreSQL did not answer a connection of its own" }))))
+}
+
+const probeOf = (p: Pool): Context.Tag.Service<PoolProbe> => ({ usage: Effect.sync(() => usageOf(p)), ask: (timeout) => ask(p, timeout) })
+
+/** A PgClient layer configured the way the store expects (BIGINT as numbers; hot statements prepared unless `prepare: false`), with its pool's `PoolProbe`. */
+export const clientLayer = (config: PgClient.PgClientConfig, options: PoolOptions = {}): Layer.Layer<PgClient.PgClient | SqlClient.SqlClient | PoolProbe, Errors.StoreError> =>
   Layer.mapError(
-    PgClient.layerFromPool({
-      acquire: pool(config, options),
-      applicationName: config.applicationName,
-      spanAttributes: config.spanAttributes,
-      transformResultNames: config.transformResultNames,
-      transformQueryNames: config.transformQueryNames,
-      transformJson: config.transformJson,
-      types
-    }),
+    Layer.unwrapScoped(
+      Effect.map(pool(config, options, new Set()), (p) =>
+        Layer.merge(
+          PgClient.layerFromPool({
+            acquire: Effect.succeed(p),
+            applicationName: config.applicationName,
+            spanAttributes: config.spanAttributes,
+            transformResultNames: config.transformResultNames,
+            transformQueryNames: config.transformQueryNames,
+            transformJson: config.transformJson,
+            types
+          }),
+          Layer.succeed(PoolProbe, probeOf(p))
+        )
+      )
+    ),
     toStoreError
   )
 
@@ -186,28 +264,31 @@ export const layerFromClient: Layer.Layer<Store.Store | Operations.Operations | 
   SqlFindingStore.layerFromClient
 )
 
+// The stores over the pool of `client`, with the pool's probe.
+const over = (client: Layer.Layer<SqlClient.SqlClient | PoolProbe, Errors.StoreError>) =>
+  storeLayer(Layer.provide(Layer.merge(layerFromClient, Layer.effect(PoolProbe, PoolProbe)), client))
+
 /**
- * The Store with its own connection pool.
+ * The Store with its own connection pool, and the pool's `PoolProbe`.
  *
  * @example
  * const StoreLive = PgStore.layer({ url: Redacted.make(process.env.DATABASE_URL!), maxConnections: 20 })
  */
-export const layer = (config: PgClient.PgClientConfig, options: PoolOptions = {}): Layer.Layer<Store.Store | Operations.Operations | FindingStore.FindingStore, Errors.StoreError> =>
-  storeLayer(Layer.provide(layerFromClient, Layer.provide(clientLayer(config, options), migrated(config, options))))
+export const layer = (config: PgClient.PgClientConfig, options: PoolOptions = {}): Layer.Layer<Store.Store | Operations.Operations | FindingStore.FindingStore | PoolProbe, Errors.StoreError> =>
+  over(Layer.provide(clientLayer(config, options), migrated(config, options)))
 
 // The migrations, on a connection of their own without the statement limits (an index built on a
 // large table may take minutes), before the store's pool is opened.
 const migrated = (config: PgClient.PgClientConfig, options: PoolOptions): Layer.Layer<never, Errors.StoreError> =>
   Layer.effectDiscard(Effect.scoped(Effect.flatMap(Layer.build(clientLayer({ ...config, maxConnections: 1, minConnections: 0 }, { ...options, statementTimeout: null })), (ctx) => Effect.provide(migrate, ctx))))
 
-/** The Store with connection settings read from Config (for example `Config.redacted("DATABASE_URL")`). */
-export const layerConfig = (config: Config.Config.Wrap<PgClient.PgClientConfig>, options: PoolOptions = {}): Layer.Layer<Store.Store | Operations.Operations | FindingStore.FindingStore, Errors.StoreError> =>
-  storeLayer(Layer.provide(
-    layerFromClient,
+/** The Store with connection settings read from Config (for example `Config.redacted("DATABASE_URL")`), and the pool's `PoolProbe`. */
+export const layerConfig = (config: Config.Config.Wrap<PgClient.PgClientConfig>, options: PoolOptions = {}): Layer.Layer<Store.Store | Operations.Operations | FindingStore.FindingStore | PoolProbe, Errors.StoreError> =>
+  over(
     Layer.unwrapEffect(
       Effect.mapBoth(Config.unwrap(config), {
         onFailure: (e) => new Errors.StoreError({ reason: "unavailable", message: `Postgres settings: ${String(e)}`, cause: e }),
         onSuccess: (c) => Layer.provide(clientLayer(c, options), migrated(c, options))
       })
     )
-  ))
+  )

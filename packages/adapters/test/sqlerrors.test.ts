@@ -6,7 +6,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import pg from "pg"
 import { afterAll, beforeAll, describe, expect, inject, it } from "vitest"
-import { pgClasses, pgCodes, reasonOf, sqliteCodes } from "../src/internal/SqlErrors.js"
+import { isReadOnly, pgClasses, pgCodes, reasonOf, sqliteCodes } from "../src/internal/SqlErrors.js"
 
 /**
  * The mapping from a driver's error to a StoreError reason, code by code, with
@@ -120,6 +120,15 @@ describe("PostgreSQL SQLSTATEs map to reasons, each provoked on a real server", 
         await a.query("ROLLBACK")
       }
     }],
+    // a standby, or `default_transaction_read_only`: every write of the transaction is refused
+    ["25006", "unavailable", async () => {
+      await a.query("BEGIN READ ONLY")
+      try {
+        await a.query("INSERT INTO t (id) VALUES (16)")
+      } finally {
+        await a.query("ROLLBACK")
+      }
+    }],
     ["3D000", "unavailable", async () => {
       const u = new URL(inject("pgUrl"))
       u.pathname = "/no_such_database_here"
@@ -158,6 +167,13 @@ describe("PostgreSQL SQLSTATEs map to reasons, each provoked on a real server", 
     const e = await caught(provoke)
     expect(e.code, String(e)).toBe(code)
     expect(reasonOf(e)).toBe(reason)
+  })
+
+  it("a write refused by a read-only database (25006) is told apart from an unreachable one; no other provoked code is", async () => {
+    for (const [code, , provoke] of cases) {
+      const e = await caught(provoke)
+      expect(isReadOnly(e), code).toBe(code === "25006")
+    }
   })
 
   it("a refused connection (no server on the port) is reason unavailable", async () => {
@@ -248,6 +264,13 @@ describe("SQLite result codes map to reasons, each provoked on a real file", () 
     const e = await caught(cases.find((c) => c[0] === code)![2])
     expect(e.code, String(e)).toBe(code)
     expect(reasonOf(e)).toBe(reason)
+  })
+
+  it("a write to a read-only file (SQLITE_READONLY) is told apart from a file that cannot be opened; no other provoked code is", async () => {
+    for (const [code, , provoke] of cases) {
+      const e = await caught(provoke)
+      expect(isReadOnly(e), code).toBe(code === "SQLITE_READONLY")
+    }
   })
 
   it("the table of codes not provoked here: out of memory and no large files are full; I/O errors unavailable; corruption corrupt", () => {

@@ -1,4 +1,5 @@
 import { HttpServerResponse } from "@effect/platform"
+import { Database } from "@scanfleet/adapters"
 import type { Errors, WorkerApi } from "@scanfleet/core"
 import { Data } from "effect"
 import type { z } from "zod"
@@ -81,8 +82,9 @@ export const fromNotFound = (e: Errors.NotFound) => new ApiError({ status: 404, 
  * A store failure, by what would help. The request's own data that the database
  * refused (`invalid`: a character or length or range it cannot store) is 400, and
  * a constraint it broke is 409: retrying the same request cannot help. An
- * unreachable, full or contended database is 503 with `Retry-After`: retrying
- * later can. A corrupt database or a server defect is 500. Nothing was changed.
+ * unreachable, read-only, full or contended database is 503 with `Retry-After`
+ * (the message says which): retrying later can. A corrupt database or a server
+ * defect is 500. Nothing was changed.
  */
 export const fromStoreError = (e: Errors.StoreError): ApiError => {
   const r = answerOf(e)
@@ -97,7 +99,12 @@ const answerOf = (e: Errors.StoreError): ApiError => {
     case "constraint":
       return new ApiError({ status: 409, error: "store_constraint", message: `the request conflicts with stored data; ${unchanged}` })
     case "unavailable":
-      return new ApiError({ status: 503, error: "store_unavailable", message: `the database cannot be reached; ${unchanged}; retry later`, retryAfter: 5 })
+      return new ApiError({
+        status: 503,
+        error: "store_unavailable",
+        message: `${Database.isReadOnly(e) ? "the database is read-only (a standby, or writes turned off)" : "the database cannot be reached"}; ${unchanged}; retry later`,
+        retryAfter: 5
+      })
     case "full":
       return new ApiError({ status: 503, error: "store_full", message: `the database is out of space or memory; ${unchanged}; retry later`, retryAfter: 30 })
     case "conflict":

@@ -393,7 +393,7 @@ export const other: ReadonlyArray<Endpoint> = [
     path: "/readyz",
     auth: "none",
     summary:
-      "Readiness: 200 when the database answers within 2 s, its schema is at the newest migration this build knows, and the expiry sweeper finished a sweep within three sweep intervals plus 5 s; else 503. Each check is listed with what it found. Point load balancers and orchestrator readiness probes here.",
+      "Readiness: 200 when the database answers within 2 s, its schema is at the newest migration this build knows, and the expiry sweeper finished a sweep within three sweep intervals plus 5 s; else 503. On PostgreSQL, when every pooled connection is in use the database is asked on a connection of the probe's own: if it answers, the check is `answers; busy: ...` and the server stays ready (the schema as last read; the sweeper needs only to have tried a sweep); a database that cannot be reached or does not answer is 503 `unreachable`. Each check is listed with what it found. Point load balancers and orchestrator readiness probes here.",
     response: { status: 200, schema: AdminApi.Readiness, note: "503 with the same body when a check fails" }
   }
 ]
@@ -452,7 +452,7 @@ ${schemaBlock("Error body:", WorkerApi.ErrorBodySchema, "output")}
 | 422 | \`progress_rejected:<reason>\`, \`invalid_config\` | a progress batch contradicts the timeline; a configuration breaks a rule |
 | 431 | \`headers_too_large\` | the request line and headers exceed Node's \`maxHeaderSize\` (16384 bytes unless the server runs with \`--max-http-header-size\`); answered with \`Connection: close\` |
 | 500 | \`store_corrupt\`, \`store_internal\`, \`internal\` | the database file is damaged, or a server defect (the log has the detail) |
-| 503 | \`store_unavailable\`, \`store_full\`, \`store_busy\` | the database cannot be reached, is out of space or memory, or stayed locked past the server's retries; the \`Retry-After\` header says when to retry (5, 30 and 1 s) |
+| 503 | \`store_unavailable\`, \`store_full\`, \`store_busy\` | the database cannot be reached or is read-only (a standby; the message says which), is out of space or memory, or stayed locked past the server's retries; the \`Retry-After\` header says when to retry (5, 30 and 1 s) |
 | 503 | \`shutting_down\` | the server is stopping: a request that arrived after it stopped handling new ones, answered with \`Retry-After: 1\` and \`Connection: close\`; retry it (on another instance, or once this one is back) |
 
 ## Limits

@@ -12,6 +12,7 @@ import * as FindingCli from "./FindingCli.js"
 import * as Scheduler from "./Scheduler.js"
 import * as Server from "./Server.js"
 import * as ServerConfig from "./ServerConfig.js"
+import * as Shutdown from "./Shutdown.js"
 import * as Sources from "./Sources.js"
 import * as Tokens from "./Tokens.js"
 
@@ -149,12 +150,13 @@ const serve = Command.make("serve", serveOptions, (o) =>
               try: () => Sources.schedules(sourcesConfig, process.env),
               catch: (e) => (e instanceof Sources.SourcesFileError ? new CommandLine.UsageError({ message: e.message }) : new CommandLine.CommandFailed({ message: String(e) }))
             }).pipe(Effect.flatten),
-            (ss) => Scheduler.layer(ss, Sources.lease(sourcesConfig))
+            // stopped by the server's shutdown deadline: a cycle stuck on the database does not hold the exit
+            (ss) => Shutdown.bounded("discovery", Scheduler.layer(ss, Sources.lease(sourcesConfig)))
           )
         ).pipe(Layer.provide(NodeHttpClient.layerUndici), Layer.provideMerge(server))
       : server
     const live = withDiscovery.pipe(Layer.provide(Database.layer(config.databaseUrl, Database.optionsOf(config))))
-    // Interrupted on SIGINT/SIGTERM (CommandLine.run): the listener stops, requests in flight finish, the pool closes.
+    // Interrupted on SIGINT/SIGTERM (CommandLine.run): the listener stops, requests in flight finish by the shutdown deadline, the pool closes.
     yield* Layer.launch(live).pipe(Effect.tapErrorCause((c) => Effect.logError("server failed", c)), Effect.provide(Server.logger(config.logLevel, config.logFormat)))
   })
 ).pipe(Command.withDescription("run the server: Worker API, admin API, dashboard, /metrics and the expiry sweeper"))

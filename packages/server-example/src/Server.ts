@@ -2,11 +2,12 @@ import { HttpMiddleware, HttpRouter, HttpServer, HttpServerRequest, HttpServerRe
 import type { ServeError } from "@effect/platform/HttpServerError"
 import { NodeHttpServer } from "@effect/platform-node"
 import { LogLine, Operations, type Store, WorkerApi } from "@scanfleet/core"
-import { Cause, Context, Deferred, Duration, Effect, FiberRef, Layer, Logger, LogLevel, Ref, Scheduler } from "effect"
+import { Cause, Context, Deferred, Duration, Effect, FiberRef, Layer, Logger, LogLevel, Option, Ref, Scheduler } from "effect"
 import { createServer, type Server as HttpNodeServer, type ServerResponse } from "node:http"
 import { readFileSync } from "node:fs"
 import * as AdminRoutes from "./AdminRoutes.js"
 import * as ApiReference from "./ApiReference.js"
+import * as Auth from "./Auth.js"
 import { ApiError, toResponse } from "./ApiError.js"
 import * as Console from "./Console.js"
 import * as Controls from "./Controls.js"
@@ -18,6 +19,7 @@ import * as OperationsRoutes from "./OperationsRoutes.js"
 import { type ServerConfig, Settings } from "./ServerConfig.js"
 import * as Request from "./internal/Request.js"
 import * as Responses from "./internal/Responses.js"
+import * as Shutdown from "./Shutdown.js"
 import * as Url from "./internal/Url.js"
 import * as Sweeper from "./Sweeper.js"
 import * as Webhooks from "./Webhooks.js"
@@ -90,15 +92,21 @@ const queryless = new Set(
     .map((e) => `${e.method} ${e.path}`)
 )
 
-// The template of the route a request matched (`/v1/assignments/:id/result`), for the metrics'
-// `route` label: set by the router's middleware, read by the access log in the same fiber.
-const matchedRoute = FiberRef.unsafeMake<string>(Metrics.unmatched)
+/** The route a request matched: its template (`/v1/assignments/:id/result`) and the path parameters it holds. */
+interface Matched {
+  readonly route: string
+  readonly params: Readonly<Record<string, string | undefined>>
+}
+
+// Set by the router's middleware, read in the same fiber by the access log (the metrics' `route`
+// label) and by the log line of a refusal.
+const matched = FiberRef.unsafeMake<Matched | null>(null)
 
 const routes = router.pipe(
   HttpRouter.use((handler) =>
     Effect.flatMap(HttpRouter.RouteContext, (ctx) =>
       Effect.zipRight(
-        FiberRef.set(matchedRoute, ctx.route.path),
+        FiberRef.set(matched, { route: ctx.route.path, params: ctx.params }),
         queryless.has(`${ctx.route.method} ${ctx.route.path}`) ? Effect.zipRight(Request.query(WorkerApi.EmptyQuery), handler) : handler
       )
     )
@@ -118,13 +126,23 @@ const routed = Effect.flatMap(HttpServerRequest.HttpServerRequest, (req) => {
 /**
  * The response of a refusal. A refusal by the store is logged with what the store said (its
  * reason and message, never sent to the client), so an operator sees why requests got
- * `store_unavailable` or `store_invalid`; every other refusal is the client's, and the access
- * log's status line is enough.
+ * `store_unavailable` or `store_invalid`, and with the request it refused as far as it is known
+ * (the method, the route's template and its path parameters, the device's id or the admin caller;
+ * never a token or a body), so that it can be tied to a device; every other refusal is the
+ * client's, and the access log's status line is enough.
  */
 export const refused = (e: ApiError): Effect.Effect<HttpServerResponse.HttpServerResponse> =>
   e.detail === undefined
     ? Effect.succeed(toResponse(e))
-    : Effect.as(Effect.logWarning("the store refused a request").pipe(Effect.annotateLogs({ status: e.status, error: e.error, detail: e.detail })), toResponse(e))
+    : Effect.gen(function* () {
+        const request = Option.getOrUndefined(yield* Effect.serviceOption(HttpServerRequest.HttpServerRequest))
+        const route = yield* FiberRef.get(matched)
+        const caller = yield* FiberRef.get(Auth.caller)
+        yield* Effect.logWarning("the store refused a request").pipe(
+          Effect.annotateLogs({ status: e.status, error: e.error, detail: e.detail, ...(request && { method: request.method }), ...route, ...caller })
+        )
+        return toResponse(e)
+      })
 
 const app = routed.pipe(
   Effect.catchTags({
@@ -143,11 +161,14 @@ const app = routed.pipe(
   Effect.map(HttpServerResponse.setHeader("x-content-type-options", "nosniff"))
 )
 
-/** Counts requests in flight so shutdown can wait for them. */
+/** The requests in flight (method and path of each), so shutdown can wait for them and name those it leaves. */
 class InFlight extends Context.Tag("@scanfleet/server-example/Server/InFlight")<
   InFlight,
-  { readonly count: Ref.Ref<number>; readonly idle: Ref.Ref<Deferred.Deferred<void> | null> }
+  { readonly requests: Set<{ readonly line: string }>; readonly idle: Ref.Ref<Deferred.Deferred<void> | null> }
 >() {}
+
+/** How many of the requests left at shutdown its warning names (the count is always whole). */
+const namedLeft = 20
 
 // Structured access log: method, path without the query (which may hold the
 // dashboard token), status and duration. Headers are never logged.
@@ -157,19 +178,21 @@ const accessLog = HttpMiddleware.make((httpApp) =>
     const flight = yield* InFlight
     const metrics = yield* Metrics.Metrics
     const start = Date.now()
-    yield* Ref.update(flight.count, (n) => n + 1)
+    const path = Url.parse(req.url).pathname
+    const entry = { line: `${req.method} ${path}` }
+    flight.requests.add(entry)
     return yield* httpApp.pipe(
       Effect.tap((res) =>
         Effect.logInfo("http").pipe(
-          Effect.annotateLogs({ method: req.method, path: Url.parse(req.url).pathname, status: res.status, ms: Date.now() - start }),
-          Effect.zipLeft(Effect.flatMap(FiberRef.get(matchedRoute), (route) => Effect.sync(() => metrics.observeRequest(req.method, route, res.status, (Date.now() - start) / 1000))))
+          Effect.annotateLogs({ method: req.method, path, status: res.status, ms: Date.now() - start }),
+          Effect.zipLeft(Effect.flatMap(FiberRef.get(matched), (m) => Effect.sync(() => metrics.observeRequest(req.method, m?.route ?? Metrics.unmatched, res.status, (Date.now() - start) / 1000))))
         )
       ),
       Effect.ensuring(
         Effect.gen(function* () {
-          const n = yield* Ref.updateAndGet(flight.count, (x) => x - 1)
+          flight.requests.delete(entry)
           const d = yield* Ref.get(flight.idle)
-          if (n === 0 && d) yield* Deferred.succeed(d, undefined)
+          if (flight.requests.size === 0 && d) yield* Deferred.succeed(d, undefined)
         })
       )
     )
@@ -178,35 +201,34 @@ const accessLog = HttpMiddleware.make((httpApp) =>
 
 // Acquired before the HTTP listener, so released after it has stopped
 // accepting: waits for requests still in flight before the store below it is
-// closed, for what is left of `graceMs` since the listener began to close
-// (`stopping.since`; the close itself waits at most `graceMs`, Responses.stoppable).
-const drain = (graceMs: number, stopping: { since: number | null }) =>
-  Layer.scoped(
-    InFlight,
-    Effect.gen(function* () {
-      const count = yield* Ref.make(0)
-      const idle = yield* Ref.make<Deferred.Deferred<void> | null>(null)
-      yield* Effect.addFinalizer(() =>
-        Effect.gen(function* () {
-          const d = yield* Deferred.make<void>()
-          yield* Ref.set(idle, d)
-          if ((yield* Ref.get(count)) > 0) {
-            yield* Effect.logInfo("waiting for requests in flight")
-            // A finalizer runs uninterruptibly, and a timeout can only end what it can interrupt:
-            // without `interruptible` the wait is not bounded at all.
-            const left = stopping.since === null ? graceMs : Math.max(0, graceMs - (Date.now() - stopping.since))
-            const drained = yield* Deferred.await(d).pipe(Effect.interruptible, Effect.timeoutOption(Duration.millis(left)))
-            if (drained._tag === "None")
-              yield* Effect.logWarning("requests still in flight at shutdown; stopping without them").pipe(
-                Effect.annotateLogs({ inFlight: yield* Ref.get(count), graceMs })
-              )
-          }
-          yield* Effect.logInfo("server stopped")
-        })
-      )
-      return { count, idle }
-    })
-  )
+// closed, until the shutdown's deadline (the listener's close waits for them
+// until the same deadline, Responses.stoppable), then names those it leaves.
+const drain = Layer.scoped(
+  InFlight,
+  Effect.gen(function* () {
+    const shutdown = yield* Shutdown.Shutdown
+    const requests = new Set<{ readonly line: string }>()
+    const idle = yield* Ref.make<Deferred.Deferred<void> | null>(null)
+    yield* Effect.addFinalizer(() =>
+      Effect.gen(function* () {
+        const d = yield* Deferred.make<void>()
+        yield* Ref.set(idle, d)
+        if (requests.size === 0) return
+        yield* Effect.logInfo("waiting for requests in flight")
+        // A finalizer runs uninterruptibly, and a timeout can only end what it can interrupt:
+        // without `interruptible` the wait is not bounded at all.
+        const drained = yield* Deferred.await(d).pipe(Effect.interruptible, Effect.timeoutOption(Duration.millis(shutdown.leftMs())))
+        if (drained._tag === "Some") return
+        const left = [...requests].map((r) => r.line)
+        shutdown.abandon(`${left.length} request${left.length === 1 ? "" : "s"} in flight`)
+        yield* Effect.logWarning("requests still in flight at shutdown; stopping without them").pipe(
+          Effect.annotateLogs({ inFlight: left.length, requests: left.slice(0, namedLeft) })
+        )
+      })
+    )
+    return { requests, idle }
+  })
+)
 
 /** How long request fibers may run in one turn of the event loop before it polls for I/O again. */
 const sliceMs = 10
@@ -256,17 +278,6 @@ export const logger = (level: ServerConfig["logLevel"], format: ServerConfig["lo
   Layer.merge(LogLine.toConsole("stdout", format), Logger.minimumLogLevel(logLevels[level]))
 
 /**
- * The running server as a layer, over any `Store` with its operator port: the Worker API, the
- * admin and operator APIs, the dashboard, `/metrics`, `/healthz`, `/readyz`, and the expiry sweeper. Releasing the layer
- * shuts down gracefully: the listener stops accepting, requests in flight
- * finish, the sweeper stops; the store (provided by the caller) closes after.
- * The layer also provides the Store it serves (wrapped to count metrics), so
- * co-located fibers such as a discovery scheduler write through the same counters.
- *
- * @example
- * const live = Server.layer(ServerConfig.make({ adminToken, port: 0 })).pipe(Layer.provide(MemoryStore.layer))
- */
-/**
  * How the listener bounds a connection: idle between requests 5 s; a request's headers must
  * arrive within 15 s and the whole request within 60 s (checked every second, so a stalled one
  * is answered 408 within a second of its limit, not up to 30 s later). Silent connections
@@ -300,23 +311,38 @@ export const maxConnections = (): number => {
   return 4_096
 }
 
+/**
+ * The running server as a layer, over any `Store` with its operator port: the Worker API, the
+ * admin and operator APIs, the dashboard, `/metrics`, `/healthz`, `/readyz`, and the expiry sweeper. Releasing the layer
+ * shuts down gracefully: the listener stops accepting, requests in flight
+ * finish, the sweeper stops, each by one deadline (`Shutdown`: `shutdownGraceMs` after the stop
+ * began; what is left then is named in the last log lines); the store (provided by the caller) closes after.
+ * The layer also provides the Store it serves (wrapped to count metrics), so
+ * co-located fibers such as a discovery scheduler write through the same counters, and the
+ * `Shutdown` deadline they can stop by (`Shutdown.bounded`).
+ *
+ * @example
+ * const live = Server.layer(ServerConfig.make({ adminToken, port: 0 })).pipe(Layer.provide(MemoryStore.layer))
+ */
 export const layer = (
   config: ServerConfig
-): Layer.Layer<Info | Metrics.Metrics | Store.Store | Operations.Operations | Settings, ServeError, Store.Store | Operations.Operations> => {
-  // When the listener began to close: one grace for the close and the requests in flight together.
-  const stopping: { since: number | null } = { since: null }
-  const listener = NodeHttpServer.layer(
-    () => {
-      stopping.since = null
-      // `requireHostHeader: false`: a request without Host is refused by `refusingMalformed`, with the JSON error body
-      const server = Responses.settlingEnds(createServer(listenerOptions))
-      server.maxConnections = maxConnections()
-      return Responses.refusingMalformed(answeringLiveness(Responses.stoppable(server, config.shutdownGraceMs, () => void (stopping.since ??= Date.now()))))
-    },
-    {
-      host: config.host,
-      port: config.port
-    }
+): Layer.Layer<Info | Metrics.Metrics | Store.Store | Operations.Operations | Settings | Shutdown.Shutdown, ServeError, Store.Store | Operations.Operations> => {
+  const listener = Layer.unwrapEffect(
+    Effect.map(Shutdown.Shutdown, (shutdown) =>
+      NodeHttpServer.layer(
+        () => {
+          // `requireHostHeader: false`: a request without Host is refused by `refusingMalformed`, with the JSON error body
+          const server = Responses.settlingEnds(createServer(listenerOptions))
+          server.maxConnections = maxConnections()
+          // one deadline for the close and the requests in flight together
+          return Responses.refusingMalformed(answeringLiveness(Responses.stoppable(server, () => (shutdown.begin(), shutdown.leftMs()))))
+        },
+        {
+          host: config.host,
+          port: config.port
+        }
+      )
+    )
   )
   const info = Layer.effect(
     Info,
@@ -331,11 +357,17 @@ export const layer = (
   )
   // Request fibers run on the turn-sliced scheduler below (see `turnSliced`).
   const serve = Layer.scopedDiscard(Effect.withScheduler(HttpServer.serveEffect(app, accessLog), turnSliced(sliceMs)))
-  const running = Layer.mergeAll(serve, info).pipe(Layer.provide(listener), Layer.provide(drain(config.shutdownGraceMs, stopping)), Layer.provide(Webhooks.layer(config)))
+  const running = Layer.mergeAll(serve, info).pipe(
+    Layer.provide(listener),
+    Layer.provide(drain),
+    Layer.provide(Shutdown.bounded("webhook delivery", Webhooks.layer(config)))
+  )
   // The operator port passes through, so co-located fibers (discovery's leases) use the same one.
   const operations = Layer.effect(Operations.Operations, Operations.Operations)
-  return Layer.mergeAll(running, Sweeper.layer(config.sweepIntervalMs), operations).pipe(
+  return Layer.mergeAll(running, Shutdown.bounded("expiry sweeper", Sweeper.layer(config.sweepIntervalMs)), operations).pipe(
     Layer.provide(Layer.merge(Health.layer(config.sweepIntervalMs), Controls.layer)),
+    // Co-located parts (a discovery scheduler) stop by the same deadline (`Shutdown.bounded`).
+    Layer.provideMerge(Shutdown.layer(config.shutdownGraceMs)),
     Layer.provideMerge(Layer.succeed(Settings, config)),
     Layer.provideMerge(Metrics.layer),
     Layer.provide(logger(config.logLevel, config.logFormat))

@@ -77,7 +77,7 @@ export const layer = (intervalMs: number): Layer.Layer<never, never, Store.Store
         return Effect.logInfo("expiry sweep recovered").pipe(Effect.annotateLogs({ failedSweeps: n }))
       })
       yield* Effect.forkScoped(
-        sweepOnce.pipe(Effect.zipRight(recovered), Effect.catchAllCause(failed), Effect.repeat(Schedule.spaced(Duration.millis(intervalMs))))
+        sweepOnce.pipe(Effect.zipRight(recovered), Effect.catchAllCause(failed), Effect.zipRight(Health.markTried), Effect.repeat(Schedule.spaced(Duration.millis(intervalMs))))
       )
     })
   )

@@ -1,51 +1,22 @@
-import { createServer, connect, type Server, type Socket } from "node:net"
 import pg from "pg"
 import { afterAll, beforeAll, describe, expect, inject, it } from "vitest"
 import { pgDatabase } from "./fixtures/Databases.js"
+import * as PgProxy from "./fixtures/PgProxy.js"
 import { prepare, serve, type ServerProcess } from "./fixtures/ServerProcess.js"
 
 const adminToken = "pg-stall-admin-token-0123456789"
 
-/**
- * A TCP proxy in front of PostgreSQL that can stop forwarding on the connections it holds while
- * keeping them open, as a dead host or a black-holed network does; connections made after that
- * are forwarded.
- */
-const proxy = async (target: URL) => {
-  const held: Array<{ client: Socket; upstream: Socket; dead: boolean }> = []
-  const server: Server = createServer((client) => {
-    const upstream = connect(Number(target.port || 5432), target.hostname)
-    const link = { client, upstream, dead: false }
-    held.push(link)
-    client.on("data", (d) => link.dead || upstream.write(d))
-    upstream.on("data", (d) => link.dead || client.write(d))
-    const end = () => (client.destroy(), upstream.destroy())
-    client.on("error", end).on("close", end)
-    upstream.on("error", end).on("close", end)
-  })
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve))
-  const port = (server.address() as { port: number }).port
-  return {
-    port,
-    /** The connections open now stop carrying anything, and stay open. */
-    blackHole: () => held.forEach((l) => (l.dead = true)),
-    close: () => (held.forEach((l) => (l.client.destroy(), l.upstream.destroy())), server.close())
-  }
-}
-
 describe("a PostgreSQL that stalls or stops answering, under a server process", { timeout: 180_000 }, () => {
   let db: Awaited<ReturnType<typeof pgDatabase>>
-  let via: Awaited<ReturnType<typeof proxy>>
+  let via: PgProxy.PgProxy
   let server: ServerProcess
   let token = ""
   beforeAll(async () => {
     db = await pgDatabase(inject("pgUrl"))
-    via = await proxy(new URL(db.url))
+    via = await PgProxy.start(db.url)
     await prepare()
-    const url = new URL(db.url)
-    url.host = `127.0.0.1:${via.port}`
     server = await serve([], {
-      SCANFLEET_DATABASE_URL: url.toString(),
+      SCANFLEET_DATABASE_URL: via.url,
       SCANFLEET_ADMIN_TOKEN: adminToken,
       SCANFLEET_LOG_LEVEL: "info",
       SCANFLEET_POOL_SIZE: "4",

@@ -88,7 +88,7 @@ describe("Server.layer stopping", () => {
       expect(await within(10_000, rt.dispose().then(() => "stopped"))).toBe("stopped")
       expect(Date.now() - started).toBeGreaterThanOrEqual(250)
       const warning = lines.map((l) => JSON.parse(l)).find((l) => l.message === "requests still in flight at shutdown; stopping without them")
-      expect(warning).toMatchObject({ level: "warning", inFlight: 1, graceMs: 300 })
+      expect(warning).toMatchObject({ level: "warning", inFlight: 1, requests: ["GET /v1/admin/summary"] })
       expect(lines.map((l) => JSON.parse(l).message)).toContain("server stopped")
     } finally {
       Effect.runSync(Deferred.succeed(comesBack, undefined))
@@ -111,7 +111,7 @@ describe("a listener that stops (Responses.stoppable)", () => {
     })
 
   it("answers 503 shutting_down, with Retry-After and Connection: close, a request that reaches no handler, and leaves requests to the handler once one is attached", async () => {
-    const server = Responses.stoppable(Responses.settlingEnds(createServer()), 1000)
+    const server = Responses.stoppable(Responses.settlingEnds(createServer()), () => 1000)
     const port = await listen(server)
     try {
       // the app's handler detached, the listener not closed yet: what a stopping server goes through
@@ -129,7 +129,7 @@ describe("a listener that stops (Responses.stoppable)", () => {
   it("destroys the connections still open graceMs after close begins: a client trickling its body no longer holds the close for ever", async () => {
     let entered = false
     // the app's handler attached after the wrapper, as @effect/platform-node attaches it
-    const server = Responses.stoppable(createServer(), 300)
+    const server = Responses.stoppable(createServer(), () => 300)
     server.on("request", (req, res) => {
       entered = true
       req.resume()

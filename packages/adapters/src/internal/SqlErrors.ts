@@ -107,6 +107,16 @@ export const reasonOf = (cause: unknown): Reason => {
   return "unavailable"
 }
 
+/**
+ * Whether a driver error is a write refused by a read-only database: SQLSTATE 25006 (a PostgreSQL
+ * standby, `default_transaction_read_only`) or `SQLITE_READONLY*` (a file or mount without write
+ * access). Its reason stays `unavailable`: a failover or a remount may end it.
+ */
+export const isReadOnly = (cause: unknown): boolean => {
+  const code = codeOf(cause)
+  return code === "25006" || code.startsWith("SQLITE_READONLY")
+}
+
 /** Maps a SqlError to core's StoreError, so the backend's own error never leaves the adapter. */
 export const toStoreError = (e: SqlError.SqlError): Errors.StoreError => {
   const detail = e.cause instanceof Error ? `: ${e.cause.message}` : ""

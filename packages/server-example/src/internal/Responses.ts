@@ -47,12 +47,12 @@ const shuttingDown = JSON.stringify({ error: "shutting_down", message: "the serv
  * before, on a loaded machine) reached no handler and was never answered, so the close,
  * and the server's exit, waited for ever. Such a request is now answered 503
  * `shutting_down` with `Retry-After: 1` and `Connection: close`. And once `close` is
- * called, the connections still open after `graceMs` (a client trickling its body, a
- * request whose handler does not come back) are destroyed: Node stops enforcing its
- * request timeout when the listener closes, so the wait had no other bound. `onClose`
- * is told when the close begins.
+ * called, the connections still open after `graceMs()` milliseconds (asked as the close
+ * begins; a client trickling its body, a request whose handler does not come back) are
+ * destroyed: Node stops enforcing its request timeout when the listener closes, so the
+ * wait had no other bound.
  */
-export const stoppable = (server: Server, graceMs: number, onClose: () => void = () => {}): Server => {
+export const stoppable = (server: Server, graceMs: () => number): Server => {
   // the listeners installed before the app's handler, this one included
   const own = server.listenerCount("request") + 1
   server.on("request", (_req: IncomingMessage, res: ServerResponse) => {
@@ -61,8 +61,7 @@ export const stoppable = (server: Server, graceMs: number, onClose: () => void =
   })
   const close = server.close.bind(server)
   server.close = ((callback?: (err?: Error) => void) => {
-    onClose()
-    const timer = setTimeout(() => server.closeAllConnections(), graceMs)
+    const timer = setTimeout(() => server.closeAllConnections(), graceMs())
     return close((err?: Error) => {
       clearTimeout(timer)
       callback?.(err)
