@@ -5,6 +5,9 @@ import { join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { promisify } from "node:util"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { PgStore } from "@scanfleet/adapters"
+import { Duration } from "effect"
+import * as ServerConfig from "../src/ServerConfig.js"
 import { sqliteFile } from "./fixtures/Databases.js"
 import { prepare, serve, type ServerProcess } from "./fixtures/ServerProcess.js"
 
@@ -125,6 +128,9 @@ describe(`${page}: the day-two tasks run as written`, { timeout: 180_000 }, () =
     const yaml = readFileSync(join(root, "docs/examples/probes.yaml"), "utf8")
     expect(yaml).toMatch(/livenessProbe: \{ httpGet: \{ path: \/healthz, port: 8080 \}/)
     expect(yaml).toMatch(/readinessProbe: \{ httpGet: \{ path: \/readyz, port: 8080 \}/)
+    // the kill comes after the server's own stop: its grace plus the pool's close
+    const kill = Number(/terminationGracePeriodSeconds: (\d+)/.exec(yaml)?.[1])
+    expect(kill * 1000).toBeGreaterThan(ServerConfig.make({ adminToken: "x".repeat(32) }).shutdownGraceMs + Duration.toMillis(PgStore.closeWait))
     expect((await fetch(`${server.url}/healthz`)).status).toBe(200)
     expect((await fetch(`${server.url}/readyz`)).status).toBe(200)
   })
