@@ -35,22 +35,28 @@ export const parseScanner = (value: string, cwd: string): Scanner.ParsedSpec => 
   throw new Error(`unknown scanner "${value}". ${scannerHelp}`)
 }
 
-/** Renders the `status` view of a state file at `now` (see `Status.read` for the same as data). */
-export const renderStatus = async (state: LocalState.LocalState, now: number): Promise<string> => Status.render(await Status.read(state, now))
+/**
+ * Renders the `status` view of a state file at `now` on its device clock, times shown on the wall clock
+ * `wallOffsetMs` away (see `Status.read` for the same as data).
+ */
+export const renderStatus = async (state: LocalState.LocalState, now: number, wallOffsetMs = 0): Promise<string> => Status.render(await Status.read(state, now, wallOffsetMs))
 
-const describe = (a: LocalState.AssignmentRecord, now: number): Array<string> => Status.describe(Status.line(a, now))
-
-/** Renders the `history` view: assignments with their journals. */
-export const renderHistory = async (state: LocalState.LocalState, q: { readonly reservationId?: number; readonly limit: number }, now: number): Promise<string> => {
+/** Renders the `history` view: assignments with their journals, times shown on the wall clock as in `renderStatus`. */
+export const renderHistory = async (
+  state: LocalState.LocalState,
+  q: { readonly reservationId?: number; readonly limit: number },
+  now: number,
+  wallOffsetMs = 0
+): Promise<string> => {
   const out: Array<string> = []
   const list = q.reservationId !== undefined ? [await state.assignment(q.reservationId)].filter((a) => a !== null) : await state.assignments({ limit: q.limit })
   for (const a of list) {
     out.push(`reservation ${a.reservationId} ${a.view.target.source}:${a.view.target.identity} slot ${a.slot} fleet ${a.fleetId} — ${a.status}${a.outcome ? `, outcome ${a.outcome}` : ""}${a.finalPhase ? ` (final phase ${a.finalPhase})` : ""}${a.receipt ? `, receipt ${a.receipt.receiptId}` : ""}`)
-    out.push(...describe(a, now))
+    out.push(...Status.describe(Status.line(a, now), wallOffsetMs))
     for (const e of await state.journal(a)) {
       const kind = e.kind === "recovered" ? "recovered in" : "entered"
       // a refused event says why, as a refused result does
-      out.push(`  #${String(e.seq).padStart(3)} ${new Date(e.at).toISOString()} ${kind} ${e.phase}  [${e.delivery}]${e.error ? ` ${e.error}` : ""}${e.detail ? `  ${e.detail}` : ""}`)
+      out.push(`  #${String(e.seq).padStart(3)} ${Status.wallIso(e.at, wallOffsetMs)} ${kind} ${e.phase}  [${e.delivery}]${e.error ? ` ${e.error}` : ""}${e.detail ? `  ${e.detail}` : ""}`)
     }
     const r = await state.result(a)
     if (r?.kind === "result") out.push(`  result after #${r.afterSeq}: ${r.body.outcome}, ${r.body.findings.length} finding(s) [${r.delivery}]${r.error ? ` ${r.error}` : ""}`)
@@ -79,17 +85,37 @@ const nonNegative = (name: string, v: Option.Option<number>, fallback: number) =
     onSome: (n) => (n >= 0 ? Effect.succeed(n) : Effect.fail(new CommandLine.UsageError({ message: `--${name} must be a non-negative integer, not ${n}` })))
   })
 
-/** Read-only commands open an existing state file only: a typo must not create an empty one. */
+/**
+ * Read-only commands open an existing state file only: a typo must not create an empty one. A state file
+ * they cannot use (damaged, unreadable) is refused with the reason; setting a damaged one aside is the
+ * controller's, which holds the file's lock.
+ */
 const openExisting = (file: string) =>
   Effect.acquireRelease(
     existsSync(file)
-      ? Effect.promise(() => LocalState.open(file))
+      ? Effect.tryPromise({ try: () => LocalState.open(file), catch: (e) => e }).pipe(
+          Effect.catchAll((e) => (e instanceof LocalState.StateError ? Effect.fail(new CommandLine.CommandFailed({ message: e.message })) : Effect.die(e)))
+        )
       : Effect.fail(new CommandLine.CommandFailed({ message: `no state file at ${file} (it is written by 'scanfleet-worker run'; pass --state FILE or set SCANFLEET_STATE)` })),
     (state) => Effect.promise(() => state.close())
   )
 
+/**
+ * A state file's device clock, read once for a view: now on it, and the wall clock minus it. The file keeps
+ * device-clock times, which a wall-clock step since the boot's anchor sets apart from the wall clock.
+ */
+const viewClock = (file: string): { readonly now: number; readonly wallOffsetMs: number } => {
+  const now = DeviceClock.readState(file).now()
+  return { now, wallOffsetMs: Date.now() - now }
+}
+
 const status = Command.make("status", { state: stateOption }, ({ state }) =>
-  Effect.scoped(Effect.flatMap(openExisting(stateFile(state)), (s) => Effect.flatMap(Effect.promise(() => renderStatus(s, DeviceClock.readState(stateFile(state)).now())), CommandLine.print)))
+  Effect.scoped(
+    Effect.flatMap(openExisting(stateFile(state)), (s) => {
+      const clock = viewClock(stateFile(state))
+      return Effect.flatMap(Effect.promise(() => renderStatus(s, clock.now, clock.wallOffsetMs)), CommandLine.print)
+    })
+  )
 ).pipe(Command.withDescription("print each slot's assignment, phase, the three labelled deadlines and the time left"))
 
 const history = Command.make(
@@ -105,7 +131,8 @@ const history = Command.make(
         const s = yield* openExisting(stateFile(state))
         const n = yield* nonNegative("limit", limit, 20)
         const q = Option.match(reservation, { onNone: () => ({ limit: n }), onSome: (reservationId) => ({ reservationId, limit: n }) })
-        yield* CommandLine.print(yield* Effect.promise(() => renderHistory(s, q, DeviceClock.readState(stateFile(state)).now())))
+        const clock = viewClock(stateFile(state))
+        yield* CommandLine.print(yield* Effect.promise(() => renderHistory(s, q, clock.now, clock.wallOffsetMs)))
       })
     )
 ).pipe(Command.withDescription("print each assignment's journal, as sent and as kept locally"))

@@ -1,5 +1,7 @@
-import { Clock, Effect } from "effect"
+import { Clock, Effect, Either } from "effect"
 import { readFileSync, renameSync, writeFileSync } from "node:fs"
+import { z } from "zod"
+import * as Damage from "./internal/Damage.js"
 
 /**
  * The one clock a device compares deadlines with: epoch milliseconds that a
@@ -9,7 +11,8 @@ import { readFileSync, renameSync, writeFileSync } from "node:fs"
  * anchor is kept beside the state file under the kernel's boot id, so the
  * controller, its execution units and a restarted controller read the same
  * time; a new boot (or a system without a boot id) takes a fresh anchor.
- * Log lines keep the wall clock.
+ * An anchor file that holds something else (cut short, overwritten) is set
+ * aside, said, and replaced by a fresh anchor. Log lines keep the wall clock.
  */
 
 /** The system-wide monotonic clock (CLOCK_MONOTONIC), milliseconds since boot: never stepped, the same in every process. */
@@ -47,28 +50,46 @@ const bootId = (): string | null => {
 
 const anchorFile = (state: string) => `${state}.clock`
 
-const saved = (state: string, boot: string): number | null => {
+// Fields a later build may add are kept out of the way, not taken for damage.
+const AnchorSchema = z.object({ bootId: z.string(), anchorMs: z.number().finite() })
+
+/** What the anchor file says: an anchor for some boot, none (no file, or one that cannot be read), or what is wrong with what it holds. */
+const saved = (state: string): Either.Either<z.infer<typeof AnchorSchema> | null, string> => {
+  let text: string
   try {
-    const doc = JSON.parse(readFileSync(anchorFile(state), "utf8")) as { bootId?: unknown; anchorMs?: unknown }
-    return doc.bootId === boot && typeof doc.anchorMs === "number" && Number.isFinite(doc.anchorMs) ? doc.anchorMs : null
+    text = readFileSync(anchorFile(state), "utf8")
   } catch {
-    return null
+    // Missing, or unreadable (its writer fails the start at the state file if the folder is): a fresh anchor serves.
+    return Either.right(null)
   }
+  return Damage.decode(AnchorSchema, text)
+}
+
+/** An anchor file that held something else than an anchor, set aside for a fresh one. */
+export interface DamagedAnchor {
+  readonly file: string
+  readonly setAsideAs: string
+  /** What was wrong with it. */
+  readonly problem: string
 }
 
 /**
  * The device clock of a state file: the anchor kept beside it for this boot,
  * or a fresh one, saved there for the units and later controllers of this boot.
+ * A damaged anchor file is set aside first, and `onDamaged` told (call it under
+ * the state file's lock: nothing else may move the file meanwhile).
  *
  * @example
  * const clock = DeviceClock.forState("./worker.db")
  * clock.now() >= assignment.deadlines.scan
  */
-export const forState = (state: string): DeviceClock => {
+export const forState = (state: string, onDamaged: (d: DamagedAnchor) => void = () => {}): DeviceClock => {
+  const kept = saved(state)
+  if (Either.isLeft(kept)) onDamaged({ file: anchorFile(state), setAsideAs: Damage.setAside(anchorFile(state), new Date()), problem: kept.left })
   const boot = bootId()
   if (boot === null) return fresh()
-  const kept = saved(state, boot)
-  if (kept !== null) return fromAnchor(kept)
+  const anchor = Either.getOrNull(kept)
+  if (anchor !== null && anchor.bootId === boot) return fromAnchor(anchor.anchorMs)
   const clock = fresh()
   try {
     const tmp = `${anchorFile(state)}.${process.pid}.tmp`
@@ -82,9 +103,8 @@ export const forState = (state: string): DeviceClock => {
 
 /** The device clock of a state file for a reader (`status`, `history`): the kept anchor of this boot, else the wall clock. */
 export const readState = (state: string): DeviceClock => {
-  const boot = bootId()
-  const kept = boot === null ? null : saved(state, boot)
-  return kept === null ? fresh() : fromAnchor(kept)
+  const anchor = Either.getOrNull(saved(state))
+  return anchor !== null && anchor.bootId === bootId() ? fromAnchor(anchor.anchorMs) : fresh()
 }
 
 /** The device clock as Effect's `Clock` (sleeps are the default clock's timers, which are monotonic). */

@@ -1,10 +1,14 @@
 import { Migrator, SqlClient, type SqlError } from "@effect/sql"
 import { SqliteClient } from "@effect/sql-sqlite-node"
 import { Assignment, PhaseModel, WorkerApi } from "@scanfleet/core"
-import { Cause, Context, Data, Effect, Exit, Layer, ManagedRuntime } from "effect"
+import Sqlite from "better-sqlite3"
+import { Cause, Context, Data, Effect, Either, Exit, Layer, ManagedRuntime } from "effect"
+import { existsSync, statSync } from "node:fs"
 import { z } from "zod"
+import * as Damage from "./internal/Damage.js"
 import m0001 from "./internal/migrations/0001_journal.js"
 import m0002 from "./internal/migrations/0002_fleet.js"
+import m0003 from "./internal/migrations/0003_damaged_rows.js"
 
 /**
  * The device's local state in one SQLite file: slots, the assignments they
@@ -15,6 +19,11 @@ import m0002 from "./internal/migrations/0002_fleet.js"
  * Every assignment belongs to the fleet (database) that issued it, and rows
  * are keyed by (fleet, reservation): reservation ids restart at 1 in another
  * database, so a device pointed at another server never mixes two timelines.
+ *
+ * Damage costs only what is damaged. A row whose payload does not parse is
+ * moved to the `damaged_rows` table when it is read, and the device goes on
+ * without it; a file SQLite cannot use at all is found by `inspect` and set
+ * aside by `resetIfDamaged`, and the fresh file keeps a record of it.
  */
 
 /** The key of an assignment on a device: the fleet that issued it and its reservation id there. */
@@ -135,6 +144,47 @@ export interface FleetSummary {
   readonly undelivered: number
 }
 
+/** A row found damaged and moved to the state file's `damaged_rows` table. */
+export interface DamagedRow {
+  /** When it was set aside, wall clock, epoch milliseconds. */
+  readonly at: number
+  readonly table: string
+  /** Which row it was, by its key; never its payload, which may hold a secret. */
+  readonly key: string
+  /** What was wrong with it: each issue's path and code, or that it was not JSON. */
+  readonly problem: string
+  /** What the device lost with it, and what it does instead. */
+  readonly lost: string
+}
+
+/** A whole state file SQLite cannot use, as `inspect` finds it. */
+export interface FileDamage {
+  /** SQLite's code (`SQLITE_NOTADB`, `SQLITE_CORRUPT`...), or `truncated` for a file cut to nothing. */
+  readonly code: string
+  /** SQLite's words, or what its integrity check found. */
+  readonly problem: string
+  /** What the device loses with the file, as far as it can still be read. */
+  readonly lost: string
+}
+
+/** The record a fresh state file keeps of the damaged one it replaced (`resetIfDamaged`). */
+export const ResetSchema = z
+  .object({
+    /** When the damaged file was set aside, wall clock, epoch milliseconds. */
+    at: z.number().int(),
+    file: z.string(),
+    setAsideAs: z.string(),
+    code: z.string(),
+    problem: z.string(),
+    lost: z.string()
+  })
+  .strict()
+/** A reset of the state file. */
+export type Reset = z.infer<typeof ResetSchema>
+
+/** The folder beside a state file where execution units stage their results; a controller makes it once the file's schema is written. */
+export const stageFolder = (file: string): string => `${file}.stage`
+
 /** What the last controller on this file found and said at start. */
 export const ControllerInfoSchema = z
   .object({
@@ -157,7 +207,7 @@ export class JournalRefused extends Data.TaggedError("JournalRefused")<{
   readonly message: string
 }> {}
 
-/** The state file could not be read or written, or holds a row that does not parse. */
+/** The state file could not be read or written, is damaged, or a row to write does not parse. */
 export class StateError extends Data.TaggedError("StateError")<{
   readonly reason: "io" | "damaged" | "missing"
   readonly message: string
@@ -216,6 +266,12 @@ export class State extends Context.Tag("@scanfleet/worker/LocalState")<
     readonly controller: Effect.Effect<ControllerInfo | null, StateError>
     /** Records the controller's start. */
     readonly putController: (c: ControllerInfo) => Effect.Effect<void, StateError>
+    /** The rows set aside as damaged, newest first (at most `limit`), and how many there are. */
+    readonly damagedRows: (limit: number) => Effect.Effect<{ readonly total: number; readonly rows: ReadonlyArray<DamagedRow> }, StateError>
+    /** The damaged file this one replaced, if it did. */
+    readonly reset: Effect.Effect<Reset | null, StateError>
+    /** Records the damaged file this one replaced. */
+    readonly putReset: (r: Reset) => Effect.Effect<void, StateError>
   }
 >() {}
 
@@ -259,11 +315,20 @@ const toEntry = (r: z.infer<typeof EventRow>): JournalEntry => ({
   error: r.error
 })
 
+/** A queued result or release from its row, or what is wrong with the row. */
+const toResult = (row: unknown): Either.Either<OutboxResult, string> =>
+  Either.flatMap(Damage.check(ResultRow, row), (r) => {
+    const common = { fleetId: r.fleet_id, reservationId: r.reservation_id, afterSeq: r.after_seq, delivery: r.delivery, attempts: r.attempts, error: r.error }
+    return r.kind === "release"
+      ? Either.map(Damage.decode(WorkerApi.ReleaseRequest, r.body), (body): OutboxResult => ({ ...common, kind: "release", body }))
+      : Either.map(Damage.decode(WorkerApi.ResultRequest, r.body), (body): OutboxResult => ({ ...common, kind: "result", body }))
+  })
+
 /** The migrations table of a state file (the adapters' Migrator, with the worker's own migrations). */
 export const migrationsTable = "scanfleet_worker_migrations"
 
 // Static imports, so a bundle carries its migrations and never reads the file system.
-const migrations = { "0001_journal": m0001, "0002_fleet": m0002 }
+const migrations = { "0001_journal": m0001, "0002_fleet": m0002, "0003_damaged_rows": m0003 }
 
 /** Brings a state file's schema up to date (forward-only, idempotent). */
 export const migrate: Effect.Effect<ReadonlyArray<readonly [id: number, name: string]>, StateError, SqlClient.SqlClient> = Migrator.make({})({
@@ -274,19 +339,36 @@ export const migrate: Effect.Effect<ReadonlyArray<readonly [id: number, name: st
 // The driver's words ("database or disk is full") are what an operator acts on: they follow the SqlError's.
 const io = (cause: SqlError.SqlError) =>
   new StateError({ reason: "io", message: cause.cause instanceof Error ? `${cause.message}: ${cause.cause.message}` : cause.message, cause })
-// A row that does not parse was damaged outside the worker: say which, never guess.
+// A value the worker is about to write that does not parse is its own bug: refused, never written.
 const parse = <S extends z.ZodType>(schema: S, value: unknown, what: string): Effect.Effect<z.output<S>, StateError> => {
   const r = schema.safeParse(value)
   return r.success ? Effect.succeed(r.data) : Effect.fail(new StateError({ reason: "damaged", message: `${what} is damaged: ${r.error.message}`, cause: r.error }))
 }
-const json = (text: string, what: string): Effect.Effect<unknown, StateError> =>
-  Effect.try({ try: () => JSON.parse(text) as unknown, catch: (cause) => new StateError({ reason: "damaged", message: `${what} is not JSON`, cause }) })
+
+/** The tables whose rows the device reads back, each with what losing one of its rows costs. */
+type Table = "slots" | "assignments" | "events" | "results" | "meta"
+
+/** What replaces a row set aside: what was lost with it, and the rows that stand in for it (none, mostly). */
+interface Instead<A> {
+  readonly lost: string
+  readonly rows: ReadonlyArray<A>
+}
+
+/** A raw row, with the rowid it is set aside by. */
+type Raw = { readonly row_id: number } & Record<string, unknown>
+
+/** Options of the service. */
+export interface Options {
+  /** Told of every row set aside as damaged, once it is (the controller logs it as an error). */
+  readonly onDamaged?: (row: DamagedRow) => Effect.Effect<void>
+}
 
 /** The service over the SqlClient in context (a SQLite one), after migrating the file. */
-export const make = (file: string): Effect.Effect<Service, StateError, SqlClient.SqlClient> =>
+export const make = (file: string, options: Options = {}): Effect.Effect<Service, StateError, SqlClient.SqlClient> =>
   Effect.gen(function* () {
     const sql = yield* SqlClient.SqlClient
     const q = <A>(e: Effect.Effect<A, SqlError.SqlError>) => Effect.mapError(e, io)
+    const onDamaged = options.onDamaged ?? (() => Effect.void)
     yield* q(sql.unsafe("PRAGMA busy_timeout = 5000"))
     // In WAL mode NORMAL survives a crash of the process (kill -9) without an
     // fsync per commit; only a power cut can lose the newest commits, and the
@@ -294,26 +376,160 @@ export const make = (file: string): Effect.Effect<Service, StateError, SqlClient
     yield* q(sql.unsafe("PRAGMA synchronous = NORMAL"))
     yield* migrate
 
+    /**
+     * Moves a damaged row to `damaged_rows`, with what its loss changes in other rows (`instead`)
+     * in the same transaction, and says so; the reader goes on with the rows that stand in for it.
+     * A row rewritten since it was read (a controller writes its slots and its record without reading
+     * them first, while `status` may be reading) is left alone: the reader goes on without it this time.
+     */
+    const setAside = <A>(table: Table, raw: Raw, key: string, problem: string, instead: Effect.Effect<Instead<A>, SqlError.SqlError>) =>
+      Effect.gen(function* () {
+        const at = Date.now()
+        const { row_id, ...row } = raw
+        const done = yield* q(
+          sql.withTransaction(
+            Effect.gen(function* () {
+              const [now] = yield* sql<Record<string, unknown>>`SELECT * FROM ${sql(table)} WHERE rowid = ${row_id}`
+              // Compared as JSON, so a BLOB (a Buffer each time it is read) compares by its bytes.
+              if (now === undefined || Object.entries(row).some(([column, value]) => JSON.stringify(now[column]) !== JSON.stringify(value))) return null
+              yield* sql`DELETE FROM ${sql(table)} WHERE rowid = ${row_id}`
+              const then = yield* instead
+              yield* sql`INSERT INTO damaged_rows (at, table_name, row_key, problem, lost, row) VALUES (${at}, ${table}, ${key}, ${problem}, ${then.lost}, ${JSON.stringify(row)})`
+              return then
+            })
+          )
+        )
+        if (done === null) return []
+        yield* onDamaged({ at, table, key, problem, lost: done.lost })
+        return done.rows
+      })
+    /** The rows that decode, in order; each that does not is set aside, and what stands in for it takes its place. */
+    const kept = <A>(
+      table: Table,
+      rows: ReadonlyArray<Raw>,
+      decode: (r: Raw) => Either.Either<A, string>,
+      key: (r: Raw) => string,
+      instead: (r: Raw, problem: string) => Effect.Effect<Instead<A>, SqlError.SqlError>
+    ): Effect.Effect<ReadonlyArray<A>, StateError> =>
+      Effect.map(
+        Effect.forEach(rows, (r) => Either.match(decode(r), { onRight: (a) => Effect.succeed([a]), onLeft: (problem) => setAside(table, r, key(r), problem, instead(r, problem)) })),
+        (xs) => xs.flat()
+      )
+    const select = (statement: Effect.Effect<ReadonlyArray<object>, SqlError.SqlError>) => q(statement) as Effect.Effect<ReadonlyArray<Raw>, StateError>
+    const keyOf = (r: Raw) => `fleet ${String(r.fleet_id)}, reservation ${String(r.reservation_id)}`
+    const nothingElse = <A>(lost: string): Effect.Effect<Instead<A>> => Effect.succeed({ lost, rows: [] })
+
+    const slotRows = (rows: ReadonlyArray<Raw>) =>
+      kept("slots", rows, (r) => Damage.decode(SlotStateSchema, r.doc), (r) => `slot ${String(r.slot)}`, () => nothingElse<SlotState>("the slot starts idle; an assignment it ran is recovered from its own record"))
+
+    // Without its record the device knows neither the fence nor the deadlines: it can deliver or release nothing of it.
+    const assignmentRows = (rows: ReadonlyArray<Raw>) =>
+      kept("assignments", rows, (r) => Damage.decode(AssignmentRecordSchema, r.doc), keyOf, (r) => {
+        const why = "the assignment's record was damaged and set aside"
+        return Effect.as(
+          Effect.all([
+            sql`UPDATE events SET delivery = 'abandoned', error = ${why} WHERE fleet_id = ${r.fleet_id} AND reservation_id = ${r.reservation_id} AND delivery = 'pending'`,
+            sql`UPDATE results SET delivery = 'abandoned', error = ${why} WHERE fleet_id = ${r.fleet_id} AND reservation_id = ${r.reservation_id} AND delivery = 'pending'`
+          ]),
+          {
+            lost:
+              "the device no longer knows this reservation: it delivers and releases nothing of it (its undelivered events and result are marked abandoned), " +
+              "and the server ends it at its assignment expiry, refusing claims on its slot (slot_busy) until then",
+            rows: [] as ReadonlyArray<AssignmentRecord>
+          }
+        )
+      })
+
+    /**
+     * An event that stands in for a damaged one at its sequence, so the timeline has no gap (the server
+     * refuses every event after a gap). Its phase is the damaged event's where the other rows say it
+     * (a `recovered` event after it names it; the record keeps the last event's), else the phase before
+     * it; it is a `recovered` event when that phase does not change, and `assigned` at sequence 1. It
+     * keeps the damaged row's delivery when that is readable, so what the server has is not sent again.
+     */
+    const standIn = (r: Raw, problem: string): Effect.Effect<Instead<JournalEntry>, SqlError.SqlError> =>
+      Effect.gen(function* () {
+        const seq = r.seq
+        if (typeof seq !== "number" || !Number.isSafeInteger(seq) || seq < 1) return { lost: "its sequence number cannot be read, so nothing stands in for it", rows: [] }
+        const near = yield* sql`SELECT * FROM events WHERE fleet_id = ${r.fleet_id} AND reservation_id = ${r.reservation_id} AND seq IN (${seq - 1}, ${seq + 1})`
+        const event = (n: number) => Either.getOrNull(Damage.check(EventRow, near.find((e) => e.seq === n)))
+        const [before, after] = [event(seq - 1), event(seq + 1)]
+        const [record] = yield* sql<{ phase: unknown; last_seq: unknown }>`
+          SELECT CASE WHEN json_valid(doc) THEN json_extract(doc, '$.phase') END AS phase, CASE WHEN json_valid(doc) THEN json_extract(doc, '$.lastSeq') END AS last_seq
+          FROM assignments WHERE fleet_id = ${r.fleet_id} AND reservation_id = ${r.reservation_id}`
+        const recorded = record?.last_seq === seq ? Either.getOrNull(Damage.check(PhaseModel.PhaseSchema, record.phase)) : null
+        const phase = after?.kind === "recovered" ? after.phase : (recorded ?? before?.phase)
+        const stands =
+          seq === 1
+            ? ({ kind: "phase", phase: "assigned" } as const)
+            : before === null || phase === undefined
+              ? null
+              : phase !== before.phase
+                ? PhaseModel.canTransition(before.phase, phase)
+                  ? ({ kind: "phase", phase } as const)
+                  : null
+                : !PhaseModel.isTerminal(phase) && seq <= PhaseModel.lastRecoverySeq
+                  ? ({ kind: "recovered", phase } as const)
+                  : null
+        if (stands === null) return { lost: "nothing can stand in for it, so its sequence number stays empty and the server refuses this reservation's later events", rows: [] }
+        const entry = toEntry({
+          fleet_id: String(r.fleet_id),
+          reservation_id: Number(r.reservation_id),
+          seq,
+          ...stands,
+          at: typeof r.at === "number" && Number.isSafeInteger(r.at) && r.at >= 0 ? r.at : (before?.at ?? 0),
+          detail: `this device's record of event ${seq} was damaged and set aside (${problem}); this event stands in for it`.slice(0, 1000),
+          delivery: (deliveries as ReadonlyArray<unknown>).includes(r.delivery) ? (r.delivery as Delivery) : "pending",
+          acked_at: typeof r.acked_at === "number" ? r.acked_at : null,
+          error: null
+        })
+        yield* sql`INSERT INTO events (fleet_id, reservation_id, seq, kind, phase, at, detail, delivery, acked_at)
+                   VALUES (${r.fleet_id}, ${r.reservation_id}, ${seq}, ${entry.kind}, ${entry.phase}, ${entry.at}, ${entry.detail ?? null}, ${entry.delivery}, ${entry.ackedAt})`
+        return { lost: `a ${entry.kind} event in phase ${entry.phase} stands in for it (${entry.delivery}), so the timeline stays whole`, rows: [entry] }
+      })
+    const eventRows = (rows: ReadonlyArray<Raw>) => kept("events", rows, (r) => Either.map(Damage.check(EventRow, r), toEntry), (r) => `${keyOf(r)}, sequence ${String(r.seq)}`, standIn)
+
+    // Recovery finds an open assignment without its queued result and queues it again.
+    const resultRows = (rows: ReadonlyArray<Raw>) =>
+      kept("results", rows, toResult, keyOf, (r) =>
+        Effect.map(
+          sql<{ status: string }>`SELECT status FROM assignments WHERE fleet_id = ${r.fleet_id} AND reservation_id = ${r.reservation_id}`,
+          (a): Instead<OutboxResult> => ({
+            lost:
+              a[0]?.status === "done"
+                ? "its assignment had ended, so nothing more is lost"
+                : "recovery at start queues the assignment's result again: the scan's own if its staged result is still there, otherwise a scan error",
+            rows: []
+          })
+        )
+      )
+
+    const metaRow = <S extends z.ZodType>(key: string, schema: S, lost: string) =>
+      Effect.map(
+        Effect.flatMap(select(sql`SELECT rowid AS row_id, key, value FROM meta WHERE key = ${key}`), (rows) =>
+          kept("meta", rows, (r) => Damage.decode(schema, r.value), (r) => String(r.key), () => nothingElse<z.output<S>>(lost))
+        ),
+        (rows) => rows[0] ?? null
+      )
+    const putMeta = (key: string, value: unknown) =>
+      Effect.asVoid(q(sql`INSERT INTO meta (key, value) VALUES (${key}, ${JSON.stringify(value)}) ON CONFLICT (key) DO UPDATE SET value = excluded.value`))
+
     const loadAssignment = (k: Key) =>
-      Effect.flatMap(q(sql<{ doc: string }>`SELECT doc FROM assignments WHERE fleet_id = ${k.fleetId} AND reservation_id = ${k.reservationId}`), (rows) =>
-        rows.length === 0
-          ? Effect.succeed(null)
-          : Effect.flatMap(json(rows[0].doc, `assignment ${k.reservationId}`), (v) => parse(AssignmentRecordSchema, v, `assignment ${k.reservationId} of fleet ${k.fleetId}`))
+      Effect.map(
+        Effect.flatMap(select(sql`SELECT rowid AS row_id, fleet_id, reservation_id, doc FROM assignments WHERE fleet_id = ${k.fleetId} AND reservation_id = ${k.reservationId}`), assignmentRows),
+        (rows) => rows[0] ?? null
       )
     const saveAssignment = (a: AssignmentRecord) =>
       Effect.flatMap(parse(AssignmentRecordSchema, a, `assignment ${a.reservationId}`), (checked) =>
         q(sql`INSERT INTO assignments (fleet_id, reservation_id, doc, status) VALUES (${a.fleetId}, ${a.reservationId}, ${JSON.stringify(checked)}, ${a.status})
               ON CONFLICT (fleet_id, reservation_id) DO UPDATE SET doc = excluded.doc, status = excluded.status`)
       )
-    const entries = (rows: ReadonlyArray<unknown>) => Effect.forEach(rows, (r) => Effect.map(parse(EventRow, r, "a journal row"), toEntry))
     const loadJournal = (k: Key) =>
-      Effect.flatMap(q(sql`SELECT * FROM events WHERE fleet_id = ${k.fleetId} AND reservation_id = ${k.reservationId} ORDER BY seq`), entries)
-    const docs = <S extends z.ZodType>(rows: ReadonlyArray<{ doc: string }>, schema: S, what: string) =>
-      Effect.forEach(rows, (r) => Effect.flatMap(json(r.doc, what), (v) => parse(schema, v, what)))
+      Effect.flatMap(select(sql`SELECT rowid AS row_id, * FROM events WHERE fleet_id = ${k.fleetId} AND reservation_id = ${k.reservationId} ORDER BY seq`), eventRows)
 
     const service: Service = {
       file,
-      slots: Effect.flatMap(q(sql<{ doc: string }>`SELECT doc FROM slots ORDER BY slot`), (rows) => docs(rows, SlotStateSchema, "a slot row")),
+      slots: Effect.flatMap(select(sql`SELECT rowid AS row_id, slot, doc FROM slots ORDER BY slot`), slotRows),
       putSlot: (s) =>
         Effect.flatMap(parse(SlotStateSchema, s, `slot ${s.slot}`), (checked) =>
           Effect.asVoid(q(sql`INSERT INTO slots (slot, doc) VALUES (${s.slot}, ${JSON.stringify(checked)}) ON CONFLICT (slot) DO UPDATE SET doc = excluded.doc`))
@@ -323,8 +539,8 @@ export const make = (file: string): Effect.Effect<Service, StateError, SqlClient
         const fleet = o?.fleetId !== undefined ? sql`fleet_id = ${o.fleetId}` : sql`1 = 1`
         const open = o?.open ? sql`status <> 'done'` : sql`1 = 1`
         return Effect.flatMap(
-          q(sql<{ doc: string }>`SELECT doc FROM assignments WHERE ${open} AND ${fleet} ORDER BY n DESC LIMIT ${o?.limit ?? (o?.open ? 100_000 : 1000)}`),
-          (rows) => docs(rows, AssignmentRecordSchema, "an assignment row")
+          select(sql`SELECT rowid AS row_id, fleet_id, reservation_id, doc FROM assignments WHERE ${open} AND ${fleet} ORDER BY n DESC LIMIT ${o?.limit ?? (o?.open ? 100_000 : 1000)}`),
+          assignmentRows
         )
       },
       putAssignment: (a) => Effect.asVoid(saveAssignment(a)),
@@ -335,14 +551,17 @@ export const make = (file: string): Effect.Effect<Service, StateError, SqlClient
               const a = yield* loadAssignment(k)
               if (a === null) return yield* new StateError({ reason: "missing", message: `no assignment ${k.reservationId} of fleet ${k.fleetId} in the local state` })
               const journal = yield* loadJournal(k)
+              // A sequence is never used twice: where a damaged event could not be stood in for, the record's count goes on.
+              const last = journal.at(-1)
+              const at = last === undefined || last.seq < a.lastSeq ? { phase: a.phase, lastSeq: a.lastSeq } : { phase: last.phase, lastSeq: last.seq }
               const event: PhaseModel.Event = {
-                seq: (journal.at(-1)?.seq ?? 0) + 1,
+                seq: at.lastSeq + 1,
                 kind: e.kind,
                 phase: e.phase,
                 at: e.at,
                 ...(e.detail !== undefined ? { detail: e.detail.slice(0, 1000) } : {})
               }
-              const checked = PhaseModel.append({ events: journal, phase: journal.at(-1)?.phase ?? null, lastSeq: journal.at(-1)?.seq ?? 0 }, event)
+              const checked = PhaseModel.append({ events: journal, ...at }, event)
               if (checked._tag === "Left") return yield* new JournalRefused({ ...checked.left })
               yield* q(sql`INSERT INTO events (fleet_id, reservation_id, seq, kind, phase, at, detail, delivery)
                            VALUES (${k.fleetId}, ${k.reservationId}, ${event.seq}, ${event.kind}, ${event.phase}, ${event.at}, ${event.detail ?? null}, ${delivery})`)
@@ -359,11 +578,8 @@ export const make = (file: string): Effect.Effect<Service, StateError, SqlClient
                                 UNION SELECT reservation_id AS id FROM results WHERE delivery = 'pending' AND fleet_id = ${fleetId} ORDER BY id`),
           (rows) => rows.map((r) => ({ fleetId, reservationId: r.id }))
         ),
-      pendingEvents: (k, limit) =>
-        Effect.flatMap(
-          q(sql`SELECT * FROM events WHERE fleet_id = ${k.fleetId} AND reservation_id = ${k.reservationId} AND delivery = 'pending' ORDER BY seq LIMIT ${limit}`),
-          entries
-        ),
+      // Through the whole journal, so a damaged event is stood in for by the event before it.
+      pendingEvents: (k, limit) => Effect.map(loadJournal(k), (events) => events.filter((e) => e.delivery === "pending").slice(0, limit)),
       markEvents: (k, seqs, delivery, at, error) =>
         seqs.length === 0
           ? Effect.void
@@ -382,17 +598,9 @@ export const make = (file: string): Effect.Effect<Service, StateError, SqlClient
             )
         ),
       result: (k) =>
-        Effect.flatMap(q(sql`SELECT * FROM results WHERE fleet_id = ${k.fleetId} AND reservation_id = ${k.reservationId}`), (rows) =>
-          rows.length === 0
-            ? Effect.succeed(null)
-            : Effect.gen(function* () {
-                const r = yield* parse(ResultRow, rows[0], `the result of ${k.reservationId}`)
-                const body = yield* json(r.body, `the result of ${k.reservationId}`)
-                const common = { ...k, afterSeq: r.after_seq, delivery: r.delivery, attempts: r.attempts, error: r.error }
-                return r.kind === "release"
-                  ? ({ ...common, kind: "release", body: yield* parse(WorkerApi.ReleaseRequest, body, "a release") } as const)
-                  : ({ ...common, kind: "result", body: yield* parse(WorkerApi.ResultRequest, body, "a result") } as const)
-              })
+        Effect.map(
+          Effect.flatMap(select(sql`SELECT rowid AS row_id, * FROM results WHERE fleet_id = ${k.fleetId} AND reservation_id = ${k.reservationId}`), resultRows),
+          (rows) => rows[0] ?? null
         ),
       markResult: (k, delivery, error) =>
         Effect.asVoid(
@@ -424,11 +632,14 @@ export const make = (file: string): Effect.Effect<Service, StateError, SqlClient
               const known = yield* sql<{ n: number }>`SELECT COUNT(*) AS n FROM fleets WHERE fleet_id <> ${fleetId}`
               const others = yield* sql<{ n: number }>`SELECT COUNT(*) AS n FROM assignments WHERE fleet_id NOT IN (${legacyFleet}, ${fleetId})`
               if (known[0].n === 0 && others[0].n === 0) {
-                // Before fleet ids, a file only ever spoke to one fleet: the first one it meets now.
-                yield* sql`UPDATE assignments SET fleet_id = ${fleetId}, doc = json_set(doc, '$.fleetId', ${fleetId}, '$.view.fleetId', ${fleetId}) WHERE fleet_id = ${legacyFleet}`
+                // Before fleet ids, a file only ever spoke to one fleet: the first one it meets now. A doc that is
+                // not JSON is moved as it is (SQLite's JSON functions refuse it), and set aside when it is read.
+                yield* sql`UPDATE assignments SET fleet_id = ${fleetId},
+                             doc = CASE WHEN json_valid(doc) THEN json_set(doc, '$.fleetId', ${fleetId}, '$.view.fleetId', ${fleetId}) ELSE doc END
+                           WHERE fleet_id = ${legacyFleet}`
                 yield* sql`UPDATE events SET fleet_id = ${fleetId} WHERE fleet_id = ${legacyFleet}`
                 yield* sql`UPDATE results SET fleet_id = ${fleetId} WHERE fleet_id = ${legacyFleet}`
-                yield* sql`UPDATE slots SET doc = json_set(doc, '$.fleetId', ${fleetId}) WHERE json_extract(doc, '$.fleetId') = ${legacyFleet}`
+                yield* sql`UPDATE slots SET doc = json_set(doc, '$.fleetId', ${fleetId}) WHERE (CASE WHEN json_valid(doc) THEN json_extract(doc, '$.fleetId') END) = ${legacyFleet}`
               }
               yield* sql`INSERT INTO fleets (fleet_id, server, first_seen, last_seen) VALUES (${fleetId}, ${server}, ${at}, ${at})
                          ON CONFLICT (fleet_id) DO UPDATE SET server = excluded.server, last_seen = excluded.last_seen`
@@ -436,16 +647,92 @@ export const make = (file: string): Effect.Effect<Service, StateError, SqlClient
           ),
           io
         ),
-      controller: Effect.flatMap(q(sql<{ value: string }>`SELECT value FROM meta WHERE key = 'controller'`), (rows) =>
-        rows.length === 0 ? Effect.succeed(null) : Effect.flatMap(json(rows[0].value, "the controller record"), (v) => parse(ControllerInfoSchema, v, "the controller record"))
-      ),
-      putController: (c) =>
-        Effect.asVoid(
-          q(sql`INSERT INTO meta (key, value) VALUES ('controller', ${JSON.stringify(ControllerInfoSchema.parse(c))}) ON CONFLICT (key) DO UPDATE SET value = excluded.value`)
-        )
+      controller: metaRow("controller", ControllerInfoSchema, "it is written again when a controller starts"),
+      putController: (c) => Effect.flatMap(parse(ControllerInfoSchema, c, "the controller record"), (checked) => putMeta("controller", checked)),
+      damagedRows: (limit) =>
+        Effect.gen(function* () {
+          const [{ n }] = yield* q(sql<{ n: number }>`SELECT COUNT(*) AS n FROM damaged_rows`)
+          const rows = yield* q(
+            sql<{ at: number; table_name: string; row_key: string; problem: string; lost: string }>`SELECT at, table_name, row_key, problem, lost FROM damaged_rows ORDER BY n DESC LIMIT ${limit}`
+          )
+          return { total: n, rows: rows.map((r) => ({ at: r.at, table: r.table_name, key: r.row_key, problem: r.problem, lost: r.lost })) }
+        }),
+      reset: metaRow("reset", ResetSchema, "the record of an earlier reset of the state file is lost"),
+      putReset: (r) => Effect.flatMap(parse(ResetSchema, r, "the reset record"), (checked) => putMeta("reset", checked))
     }
     return service
   })
+
+const unreadable =
+  "what it held cannot be read: a reservation it held ends at the server at its assignment expiry, which refuses claims on its slot until then (slot_busy), " +
+  "and the events and results it had not delivered are lost"
+
+/** What a damaged file SQLite can still open held, as far as it can be read. */
+const lostIn = (db: Sqlite.Database): string => {
+  try {
+    const open = db.prepare("SELECT fleet_id, reservation_id FROM assignments WHERE status <> 'done' ORDER BY n").all() as Array<{ fleet_id: string; reservation_id: number }>
+    const { n } = db.prepare("SELECT (SELECT COUNT(*) FROM events WHERE delivery = 'pending') + (SELECT COUNT(*) FROM results WHERE delivery = 'pending') AS n").get() as { n: number }
+    const held =
+      open.length === 0
+        ? "it held no open reservation"
+        : `${open.length} reservation(s) it held (${open.slice(0, 20).map((a) => `${a.reservation_id} of fleet ${a.fleet_id}`).join(", ")}${open.length > 20 ? ", ..." : ""}) ` +
+          "end at the server at their assignment expiry, which refuses claims on their slots until then (slot_busy)"
+    return `${held}; ${n} event(s) and result(s) it had not delivered are lost`
+  } catch {
+    // The damage reaches the tables themselves.
+    return unreadable
+  }
+}
+
+/**
+ * What is wrong with a whole state file, or null when SQLite can use it or
+ * there is none yet: SQLite's refusal (`SQLITE_NOTADB`, `SQLITE_CORRUPT`), a
+ * failed integrity check, or a file cut to nothing after a controller ran on
+ * it. Any other failure to read it (permissions, I/O) is `io`, not damage.
+ */
+export const inspect = (file: string): Effect.Effect<FileDamage | null, StateError> =>
+  Effect.try({
+    try: (): FileDamage | null => {
+      const size = statSync(file, { throwIfNoEntry: false })?.size
+      if (size === undefined) return null
+      // A controller writes the schema before it makes the stage folder: empty beside one, the file was cut.
+      if (size === 0)
+        return existsSync(stageFolder(file)) ? { code: "truncated", problem: "the file is empty (truncated to 0 bytes), though a controller ran on it before", lost: unreadable } : null
+      let db: Sqlite.Database | undefined
+      try {
+        db = new Sqlite(file, { fileMustExist: true })
+        const found = (db.pragma("quick_check(5)") as Array<{ quick_check: string }>).map((r) => r.quick_check)
+        if (found.length === 1 && found[0] === "ok") return null
+        return { code: "SQLITE_CORRUPT", problem: `its integrity check failed: ${found.join("; ").replace(/\s+/g, " ").slice(0, 300)}`, lost: lostIn(db) }
+      } catch (e) {
+        const damage = Damage.sqliteDamage(e)
+        if (damage === null) throw e
+        return { code: damage.code, problem: damage.message, lost: unreadable }
+      } finally {
+        db?.close()
+      }
+    },
+    catch: (cause) => new StateError({ reason: "io", message: `cannot open ${file}: ${String(cause)}`, cause })
+  })
+
+/**
+ * Sets a damaged state file aside (with its `-wal` and `-shm`, which belong to
+ * it), as `FILE.damaged-<ISO time>`, so a fresh one starts in its place;
+ * null, and nothing moved, when it is not damaged. Only the controller, which
+ * holds the file's lock, may call it.
+ */
+export const resetIfDamaged = (file: string): Effect.Effect<Reset | null, StateError> =>
+  Effect.flatMap(inspect(file), (damage) =>
+    damage === null
+      ? Effect.succeed(null)
+      : Effect.try({
+          try: () => {
+            const at = new Date()
+            return { at: at.getTime(), file, setAsideAs: Damage.setAside(file, at, ["-wal", "-shm", "-journal"]), ...damage }
+          },
+          catch: (cause) => new StateError({ reason: "io", message: `the state file ${file} is damaged (${damage.code}: ${damage.problem}) and could not be set aside: ${String(cause)}`, cause })
+        })
+  )
 
 /**
  * The service on its own SQLite connection to `file` (created if missing).
@@ -453,8 +740,8 @@ export const make = (file: string): Effect.Effect<Service, StateError, SqlClient
  * @example
  * const StateLive = LocalState.layer("./worker.db")
  */
-export const layer = (file: string): Layer.Layer<State, StateError> =>
-  Layer.effect(State, make(file)).pipe(
+export const layer = (file: string, options: Options = {}): Layer.Layer<State, StateError> =>
+  Layer.effect(State, make(file, options)).pipe(
     Layer.provide(Layer.mapError(SqliteClient.layer({ filename: file }), (cause) => new StateError({ reason: "io", message: `cannot open ${file}: ${String(cause)}`, cause })))
   )
 
@@ -479,6 +766,8 @@ export interface LocalState {
   readonly outboxReservations: (fleetId?: string) => Promise<ReadonlyArray<Key>>
   readonly fleets: () => Promise<ReadonlyArray<FleetSummary>>
   readonly controller: () => Promise<ControllerInfo | null>
+  readonly damagedRows: (limit: number) => Promise<{ readonly total: number; readonly rows: ReadonlyArray<DamagedRow> }>
+  readonly reset: () => Promise<Reset | null>
   /** Closes the file. */
   readonly close: () => Promise<void>
 }
@@ -510,12 +799,15 @@ export const handle = (s: Service, run: <A, E>(e: Effect.Effect<A, E>) => Promis
       ),
     fleets: () => run(s.fleets),
     controller: () => run(s.controller),
+    damagedRows: (limit) => run(s.damagedRows(limit)),
+    reset: () => run(s.reset),
     close
   }
 }
 
 /**
- * Opens (and migrates) the state file as Promises.
+ * Opens (and migrates) the state file as Promises. A damaged file is refused
+ * (a `StateError` with reason `damaged`), left for the controller to set aside.
  *
  * @example
  * const state = await LocalState.open("./worker.db")
@@ -523,6 +815,13 @@ export const handle = (s: Service, run: <A, E>(e: Effect.Effect<A, E>) => Promis
  * await state.close()
  */
 export const open = async (file: string): Promise<LocalState> => {
+  const damage = await Effect.runPromise(Effect.either(inspect(file)))
+  if (damage._tag === "Left") throw damage.left
+  if (damage.right !== null)
+    throw new StateError({
+      reason: "damaged",
+      message: `the state file ${file} is damaged (${damage.right.code}: ${damage.right.problem}); the next 'scanfleet-worker run' on it sets it aside and starts afresh`
+    })
   const rt = ManagedRuntime.make(layer(file))
   // Failures surface as themselves (a JournalRefused, a StateError), not wrapped in a fiber failure.
   const run = async <A, E>(e: Effect.Effect<A, E, State>): Promise<A> => {

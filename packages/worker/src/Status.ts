@@ -5,9 +5,10 @@ import type * as LocalState from "./LocalState.js"
 
 /**
  * What `scanfleet-worker status` says about a state file: the containment
- * level in force, the fleets its journal holds, each slot and its
- * assignment with the three labelled deadlines, and what is still being
- * delivered. `read` gathers it as data; `render` prints it.
+ * level in force, what was found damaged and set aside (a whole state file
+ * the controller started afresh from, single rows), the fleets its journal
+ * holds, each slot and its assignment with the three labelled deadlines, and
+ * what is still being delivered. `read` gathers it as data; `render` prints it.
  */
 
 /** One labelled deadline of an assignment, on the device's clock. */
@@ -35,6 +36,12 @@ export interface AssignmentLine {
 
 /** The whole status report. */
 export interface Report {
+  /**
+   * The wall clock minus the device clock when the report was read. Deadlines and the controller's start are
+   * device-clock times (see `DeviceClock`): each is shown moved by this one amount, so a person reads wall-clock
+   * times that keep their distances to each other.
+   */
+  readonly wallOffsetMs: number
   readonly containment: {
     readonly level: Containment.Level
     /** `recorded`: what the last controller on this file started with; `detected`: what this device would use now (no controller ran yet). */
@@ -43,6 +50,10 @@ export interface Report {
     readonly detail: string | null
   }
   readonly controller: LocalState.ControllerInfo | null
+  /** The damaged state file this one replaced, if it did. */
+  readonly reset: LocalState.Reset | null
+  /** Rows set aside as damaged: how many in all, and the newest. */
+  readonly damaged: { readonly total: number; readonly rows: ReadonlyArray<LocalState.DamagedRow> }
   readonly fleets: ReadonlyArray<LocalState.FleetSummary>
   readonly slots: ReadonlyArray<{ readonly slot: number; readonly assignment: AssignmentLine | null }>
   /** Assignments whose slot is free again and whose result is still on its way. */
@@ -73,14 +84,17 @@ export const line = (a: LocalState.AssignmentRecord, now: number): AssignmentLin
 })
 
 /**
- * Reads the status of a state file at `now`.
+ * Reads the status of a state file at `now` on its device clock; `wallOffsetMs` is the wall clock minus that
+ * clock at the same moment (0 where the two agree).
  *
  * @example
  * const state = await LocalState.open("./worker.db")
  * const report = await Status.read(state, Date.now())
  */
-export const read = async (state: LocalState.LocalState, now: number): Promise<Report> => {
-  const [slots, open, fleets, controller] = await Promise.all([state.slots(), state.assignments({ open: true }), state.fleets(), state.controller()])
+export const read = async (state: LocalState.LocalState, now: number, wallOffsetMs = 0): Promise<Report> => {
+  const [slots, open, fleets, controller, reset] = await Promise.all([state.slots(), state.assignments({ open: true }), state.fleets(), state.controller(), state.reset()])
+  // After the reads above, which set aside what they find damaged.
+  const damaged = await state.damagedRows(10)
   const level = controller !== null ? Containment.LevelSchema.safeParse(controller.containment) : null
   const plan = level?.success ? null : await Effect.runPromise(Effect.either(Containment.detect()))
   const containment: Report["containment"] = level?.success
@@ -91,8 +105,11 @@ export const read = async (state: LocalState.LocalState, now: number): Promise<R
   const inSlot = (s: LocalState.SlotState) =>
     s.reservationId === null ? undefined : open.find((a) => a.reservationId === s.reservationId && (s.fleetId === null || a.fleetId === s.fleetId))
   return {
+    wallOffsetMs,
     containment,
     controller,
+    reset,
+    damaged,
     fleets,
     slots: slots.map((s) => {
       const a = inSlot(s)
@@ -108,10 +125,13 @@ const duration = (ms: number): string => {
   return ms >= 0 ? `in ${text}` : `passed ${text} ago`
 }
 
-/** An assignment's detail lines: phase, the three deadlines and which fires next. */
-export const describe = (a: AssignmentLine): Array<string> => {
+/** A device-clock time as a person reads it: on the wall clock, `wallOffsetMs` (wall clock minus device clock, read once per view) on. */
+export const wallIso = (at: number, wallOffsetMs: number): string => new Date(at + wallOffsetMs).toISOString()
+
+/** An assignment's detail lines: phase, the three deadlines (on the wall clock, see `wallIso`) and which fires next. */
+export const describe = (a: AssignmentLine, wallOffsetMs = 0): Array<string> => {
   const lines = [`  current phase: ${a.phase ?? "none"} (last sequence ${a.lastSeq})${a.outcome ? `, outcome ${a.outcome}` : ""}`]
-  for (const r of a.deadlines) lines.push(`  ${r.label.padEnd(24)} ${new Date(r.at).toISOString()}  ${duration(r.remainingMs)}`)
+  for (const r of a.deadlines) lines.push(`  ${r.label.padEnd(24)} ${wallIso(r.at, wallOffsetMs)}  ${duration(r.remainingMs)}`)
   if (a.status !== "done") lines.push(`  fires next: ${a.next ? `${a.next.label} ${duration(a.next.remainingMs)}` : "nothing (all three have passed)"}`)
   return lines
 }
@@ -120,9 +140,18 @@ export const describe = (a: AssignmentLine): Array<string> => {
 export const render = (r: Report): string => {
   const out: Array<string> = []
   const c = r.containment
-  out.push(`containment: ${c.level} (${c.source === "recorded" ? `in force for the controller started ${r.controller ? new Date(r.controller.startedAt).toISOString() : "?"}` : "detected now; no controller has run on this file"})`)
+  out.push(`containment: ${c.level} (${c.source === "recorded" ? `in force for the controller started ${r.controller ? wallIso(r.controller.startedAt, r.wallOffsetMs) : "?"}` : "detected now; no controller has run on this file"})`)
   out.push(`  ${c.guarantee}`)
   if (c.detail) out.push(`  ${c.detail}`)
+  if (r.reset)
+    out.push(
+      `state file started afresh at ${new Date(r.reset.at).toISOString()}: the previous one was damaged (${r.reset.code}: ${r.reset.problem}) and is kept as ${r.reset.setAsideAs}`,
+      `  lost with it: ${r.reset.lost}`
+    )
+  if (r.damaged.total > 0) {
+    out.push(`rows set aside as damaged: ${r.damaged.total} (kept in the state file's damaged_rows table${r.damaged.total > r.damaged.rows.length ? `; the newest ${r.damaged.rows.length} here` : ""})`)
+    for (const d of r.damaged.rows) out.push(`  ${new Date(d.at).toISOString()} ${d.table} (${d.key}): ${d.problem}; ${d.lost}`)
+  }
   if (r.fleets.length === 0) out.push("fleets: none yet (the journal is empty)")
   else {
     out.push(`fleets in the journal: ${r.fleets.length}`)
@@ -139,12 +168,12 @@ export const render = (r: Report): string => {
       continue
     }
     out.push(`slot ${s.slot}: reservation ${s.assignment.reservationId} ${s.assignment.target} (fleet ${s.assignment.fleetId})`)
-    out.push(...describe(s.assignment))
+    out.push(...describe(s.assignment, r.wallOffsetMs))
   }
   if (r.delivering.length > 0) out.push("", "delivering (slot already free):")
   for (const a of r.delivering) {
     out.push(`reservation ${a.reservationId} ${a.target} (slot ${a.slot}, fleet ${a.fleetId})`)
-    out.push(...describe(a))
+    out.push(...describe(a, r.wallOffsetMs))
   }
   return out.join("\n")
 }

@@ -1,7 +1,7 @@
 import { Deadline, Findings, LogLine, PhaseModel, WorkerApi } from "@scanfleet/core"
 import { Cause, Clock, Context, Data, Deferred, Duration, Effect, Exit, Fiber, FiberSet, Layer, ManagedRuntime, Option, Runtime, Schedule, type Scope, Stream, SubscriptionRef } from "effect"
 import Sqlite from "better-sqlite3"
-import { existsSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs"
+import { existsSync, readFileSync, renameSync, rmSync, statSync, truncateSync, writeFileSync } from "node:fs"
 import { mkdir, mkdtemp, readdir, rename, rm } from "node:fs/promises"
 import { tmpdir } from "node:os"
 import { basename, join } from "node:path"
@@ -10,6 +10,7 @@ import * as Client from "./Client.js"
 import * as Containment from "./Containment.js"
 import * as DeviceClock from "./DeviceClock.js"
 import * as ExecutionUnit from "./ExecutionUnit.js"
+import * as Damage from "./internal/Damage.js"
 import * as LocalState from "./LocalState.js"
 import * as Outbox from "./Outbox.js"
 import * as Permits from "./Permits.js"
@@ -20,8 +21,9 @@ import * as UnitProtocol from "./UnitProtocol.js"
 
 /**
  * The device controller, one Effect program: it registers with the server
- * (reporting its containment level, learning the server's fleet), recovers
- * whatever a previous run left behind, then runs one scoped fiber per slot
+ * (reporting its containment level, learning the server's fleet), sets aside
+ * the files and rows of its own it finds damaged (saying each once, as an
+ * error), recovers whatever a previous run left behind, then runs one scoped fiber per slot
  * that claims assignments and runs each scan stage as a sealed execution
  * unit under the hard target-scan deadline. Every phase is journaled before
  * it is acted on, and events and results leave through the outbox. Closing
@@ -197,8 +199,14 @@ const resultBody = (
  * start time) for the refusal and for people; it is written only by the
  * holder and read only as a name, except that one naming a live controller
  * of an older build (which knows only this file) is honoured.
+ *
+ * The lock database holds nothing: one SQLite cannot read (a disk fault, an
+ * overwrite) is copied aside, said through `onDamaged`, and emptied in place.
+ * In place, because another starter may hold it at that moment: emptying it
+ * changes nothing for a holder, where replacing the file would let two
+ * controllers hold two locks.
  */
-const lock = (file: string): Effect.Effect<void, StateInUse, Scope.Scope> => {
+const lock = (file: string, onDamaged: (message: string) => void): Effect.Effect<void, StateInUse, Scope.Scope> => {
   const me = JSON.stringify({ pid: process.pid, startTime: ProcessTree.startTime(process.pid) })
   const read = () => {
     try {
@@ -222,10 +230,23 @@ const lock = (file: string): Effect.Effect<void, StateInUse, Scope.Scope> => {
   }
   const inUse = (pid: number) =>
     new StateInUse({ file, pid, message: `the state file is in use by a running controller${pid > 0 ? ` (pid ${pid})` : ""}; stop it first` })
+  const emptyDamaged = (damage: { readonly code: string; readonly message: string }) =>
+    Effect.sync(() => {
+      const aside = Damage.copyAside(`${file}.db`, new Date())
+      truncateSync(`${file}.db`, 0)
+      onDamaged(`the lock database ${file}.db was damaged (${damage.code}: ${damage.message}); a copy was set aside as ${aside} and it was emptied (it holds nothing but the lock)`)
+    })
   const take = Effect.gen(function* () {
     const db = new Sqlite(`${file}.db`, { timeout: 0 })
-    const taken = yield* Effect.try({ try: () => db.exec("BEGIN IMMEDIATE"), catch: (e) => e as { code?: string } })
-      .pipe(Effect.as(true), Effect.catchAll((e) => (e.code === "SQLITE_BUSY" ? Effect.succeed(false) : Effect.die(e))))
+    const begin = Effect.try({ try: () => db.exec("BEGIN IMMEDIATE"), catch: (e) => e as { code?: string } })
+    const taken = yield* begin.pipe(
+      Effect.catchAll((e) => {
+        const damage = Damage.sqliteDamage(e)
+        return damage === null ? Effect.fail(e) : Effect.zipRight(emptyDamaged(damage), begin)
+      }),
+      Effect.as(true),
+      Effect.catchAll((e) => (e.code === "SQLITE_BUSY" ? Effect.succeed(false) : Effect.die(e)))
+    )
     if (!taken) {
       db.close()
       // The holder names itself right after taking the lock: give it a moment to.
@@ -255,6 +276,17 @@ const lock = (file: string): Effect.Effect<void, StateInUse, Scope.Scope> => {
 }
 
 /**
+ * A stage folder that is not a folder (a file took its name) is set aside, so
+ * the folder can be made; what is in a folder is for recovery to judge.
+ */
+const setAsideStageFolder = (dir: string, say: (message: string) => Effect.Effect<void>): Effect.Effect<void> =>
+  Effect.suspend(() => {
+    const found = statSync(dir, { throwIfNoEntry: false })
+    if (found === undefined || found.isDirectory()) return Effect.void
+    return say(`the stage folder ${dir} was not a folder (a file took its name); set aside as ${Damage.setAside(dir, new Date())}. A result staged in the folder before is not found any more`)
+  })
+
+/**
  * The device as a scoped layer: everything it started lives in the layer's
  * scope and ends with it.
  *
@@ -266,24 +298,56 @@ export const layer = (opts: Options): Layer.Layer<Controller, StartError> => Lay
 
 /** The device program: acquires everything in the current scope and returns once the slots run. */
 export const make = (opts: Options): Effect.Effect<Context.Tag.Service<Controller>, StartError, Scope.Scope> =>
-  Effect.suspend(() => {
-    // Every deadline comparison, and every time stored to be compared later, is on the device clock (wall-clock steps cannot move it).
-    const deviceClock = DeviceClock.forState(opts.state)
-    return Effect.withClock(program(opts, deviceClock), DeviceClock.effectClock(deviceClock))
+  Effect.gen(function* () {
+    yield* Scanner.requireBinaries(opts.scanner)
+    const plan = yield* Containment.detect({ force: opts.containment })
+    // Damaged files found and set aside before the device logs anything: it says them first.
+    const setAside: Array<string> = []
+    yield* lock(`${opts.state}.lock`, (message) => setAside.push(message))
+    // Every deadline comparison, and every time stored to be compared later, is on the device clock (wall-clock steps
+    // cannot move it). Its anchor file is read under the lock, so no other starter sets the same file aside.
+    const deviceClock = DeviceClock.forState(opts.state, (d) =>
+      setAside.push(
+        `the device clock's anchor file ${d.file} was damaged (${d.problem}); set aside as ${d.setAsideAs} and a fresh anchor taken: ` +
+          "deadlines of open assignments, kept on the device clock, move by as much as the wall clock was stepped since this boot began (nothing if it was not)"
+      )
+    )
+    return yield* Effect.withClock(program(opts, plan, deviceClock, setAside), DeviceClock.effectClock(deviceClock))
   })
 
-const program = (opts: Options, deviceClock: DeviceClock.DeviceClock): Effect.Effect<Context.Tag.Service<Controller>, StartError, Scope.Scope> =>
+const program = (
+  opts: Options,
+  plan: Containment.Plan,
+  deviceClock: DeviceClock.DeviceClock,
+  setAside: ReadonlyArray<string>
+): Effect.Effect<Context.Tag.Service<Controller>, StartError, Scope.Scope> =>
   Effect.gen(function* () {
     const emit = (e: DeviceEvent) =>
       Effect.sync(() => (opts.onEvent ? opts.onEvent(e) : (e.type === "error" || e.type === "retry") && stderrEvents(e)))
+    for (const message of setAside) yield* emit({ type: "error", message })
     const spec = opts.scanner
-    yield* Scanner.requireBinaries(spec)
-    const plan = yield* Containment.detect({ force: opts.containment })
-    yield* lock(`${opts.state}.lock`)
     // Unit cgroups a dead controller left behind (their units died with it, or were stopped) are emptied
     // and removed before any unit of this one runs; recovery counts what died there as its units' survivors.
     const reclaimed = yield* Containment.reclaim(plan)
-    const state = yield* Effect.provide(LocalState.State, yield* Layer.build(LocalState.layer(opts.state)))
+    const stageDir = LocalState.stageFolder(opts.state)
+    yield* setAsideStageFolder(stageDir, (message) => emit({ type: "error", message }))
+    const reset = yield* LocalState.resetIfDamaged(opts.state)
+    const state = yield* Effect.provide(
+      LocalState.State,
+      yield* Layer.build(
+        LocalState.layer(opts.state, {
+          onDamaged: (row) =>
+            emit({ type: "error", message: `the state file ${opts.state}: a row of its ${row.table} table (${row.key}) was damaged (${row.problem}) and set aside: ${row.lost}` })
+        })
+      )
+    )
+    if (reset !== null) {
+      yield* state.putReset(reset)
+      yield* emit({
+        type: "error",
+        message: `the state file ${opts.state} was damaged (${reset.code}: ${reset.problem}); set aside as ${reset.setAsideAs} and started afresh. Lost with it: ${reset.lost}`
+      })
+    }
     const client = Client.make({ server: opts.server, token: opts.token })
     const redactor = Redaction.make({ server: opts.server, token: opts.token, scanner: spec, fleetKey: opts.fleetKey, rawUpload: opts.rawUpload })
     const permits = yield* Permits.makeEffect(opts.permits ?? opts.slots)
@@ -291,7 +355,6 @@ const program = (opts: Options, deviceClock: DeviceClock.DeviceClock): Effect.Ef
     const pollMs = Duration.millis(opts.pollMs ?? 1000)
     const watchMs = Duration.millis(opts.watchMs ?? 2000)
     const workRoot = opts.workRoot ?? tmpdir()
-    const stageDir = `${opts.state}.stage`
     yield* Effect.promise(() => mkdir(stageDir, { recursive: true }))
     // SQLite goes on writing a deleted file's inode and a unit cannot stage into a deleted folder: every later
     // scan would end as a silent scan_error. Looked at before each claim; the device then stops with an error.
@@ -366,15 +429,27 @@ const program = (opts: Options, deviceClock: DeviceClock.DeviceClock): Effect.Ef
         const terminal = a.phase !== null && PhaseModel.isTerminal(a.phase)
         if (!terminal) {
           // The server closed the reservation with the result, so this last event stays local.
-          if (d.kind === "accepted") yield* state.append(k, { kind: "phase", phase: "completed", at: yield* now, detail: `receipt ${d.receipt.receiptId}` }, "local")
+          if (d.kind === "accepted")
+            yield* state.append(k, { kind: "phase", phase: "completed", at: yield* now, detail: `receipt ${d.receipt.receiptId}: ${d.receipt.outcome}` }, "local")
           else yield* state.append(k, { kind: "phase", phase: "failed", at: yield* now, detail: d.kind === "released" ? "released" : d.message }, "local")
         }
         const after = yield* mustGet(k)
+        // The outcome is the receipt's: a resubmission (after a restart lost the first answer) is answered with
+        // the original receipt, and the server keeps the outcome of the result it accepted first.
+        const receipt = d.kind === "accepted" ? d.receipt : null
+        const overruled = receipt !== null && after.outcome !== null && receipt.outcome !== after.outcome
         yield* state.putAssignment({
           ...after,
           status: "done",
-          receipt: d.kind === "accepted" ? d.receipt : after.receipt,
-          note: d.kind === "accepted" ? after.note : d.kind === "released" ? "released: the target went back to the queue" : d.message
+          receipt: receipt ?? after.receipt,
+          outcome: receipt?.outcome ?? after.outcome,
+          note: overruled
+            ? `the server had accepted a result of this reservation before, with outcome ${receipt.outcome}; this device sent ${after.outcome}`
+            : d.kind === "accepted"
+              ? after.note
+              : d.kind === "released"
+                ? "released: the target went back to the queue"
+                : d.message
         })
         yield* dropStage(k)
         yield* emit({ type: "delivered", ...k, delivered: d })
@@ -657,6 +732,30 @@ const program = (opts: Options, deviceClock: DeviceClock.DeviceClock): Effect.Ef
     }
     const restarted: Resumed = { during: "the controller restarted", meanwhile: "the controller was down" }
 
+    /**
+     * What a previous run staged for an assignment (`stage`, null for nothing). A stage file that holds
+     * something else than a staged result (cut short, overwritten) is set aside and said, and `damaged` says
+     * so for the journal; one that is gone, or cannot be read, is nothing staged.
+     */
+    const previouslyStaged = (k: LocalState.Key, file: string) =>
+      Effect.tryPromise({ try: () => UnitProtocol.readStaged(file), catch: (e) => e }).pipe(
+        Effect.map((stage) => ({ stage, damaged: "" })),
+        Effect.catchAll((e) =>
+          e instanceof UnitProtocol.StageDamaged
+            ? Effect.try(() => `set aside as ${Damage.setAside(file, new Date())}`).pipe(
+                Effect.catchAll((failed) => Effect.succeed(`left where it is (it could not be renamed: ${String(failed.error)})`)),
+                Effect.tap((aside) =>
+                  emit({
+                    type: "error",
+                    message: `the stage file ${file} of reservation ${k.reservationId} (fleet ${k.fleetId}) was damaged (${e.message}); ${aside}: the scan's result is lost with it, and the reservation ends without it`
+                  })
+                ),
+                Effect.map((aside) => ({ stage: null, damaged: `; its staged result was damaged (${e.message}) and ${aside}` }))
+              )
+            : Effect.succeed({ stage: null, damaged: "" })
+        )
+      )
+
     /** Finishes one assignment whose controller lost track of it (a restart, or a state write that failed): one `recovered` event. */
     const recoverOne = (a: LocalState.AssignmentRecord, why: Resumed) =>
       Effect.gen(function* () {
@@ -717,7 +816,8 @@ const program = (opts: Options, deviceClock: DeviceClock.DeviceClock): Effect.Ef
         // A scan stage that staged its result before the crash resumes at the upload stage. The result is
         // the scan's only if it was staged before the target-scan deadline and before the kill began (a
         // kill revokes the record's stage file): a scanner that exits 0 on the deadline's SIGTERM found nothing.
-        const stage = a.stageFile === null ? null : yield* Effect.promise(() => UnitProtocol.readStaged(a.stageFile!).catch(() => null))
+        const found = a.stageFile === null ? { stage: null, damaged: "" } : yield* previouslyStaged(k, a.stageFile)
+        const stage = found.stage
         const staged = stage !== null && UnitProtocol.stagedInTime(stage, a.deadlines.scan) ? stage.staged : null
         if (staged !== null) yield* finishThroughUpload(k, classified(staged), "staging", staged)
         else if (PhaseModel.isScanStage(phaseNow) || phaseNow === "assigned") {
@@ -728,12 +828,13 @@ const program = (opts: Options, deviceClock: DeviceClock.DeviceClock): Effect.Ef
               "killed_at_deadline",
               phaseNow,
               `the target-scan deadline passed while ${why.meanwhile}; the scan stage ended during ${phaseNow}` +
-                (stage !== null ? `; the result it staged at ${clockIso(deviceClock.toWall(stage.stagedAt))} (this device's wall clock), at or after the deadline, was discarded` : "")
+                (stage !== null ? `; the result it staged at ${clockIso(deviceClock.toWall(stage.stagedAt))} (this device's wall clock), at or after the deadline, was discarded` : "") +
+                found.damaged
             )
-          else yield* finishEarly(k, "failed", "scan_error", phaseNow, `${why.during} during ${phaseNow}; the execution unit was lost`)
+          else yield* finishEarly(k, "failed", "scan_error", phaseNow, `${why.during} during ${phaseNow}; the execution unit was lost${found.damaged}`)
         } else {
           // The upload stage began but neither the staged file nor the queued result survived.
-          yield* finishEarly(k, "failed", "scan_error", phaseNow, `${why.during} during ${phaseNow}; the staged result was lost`)
+          yield* finishEarly(k, "failed", "scan_error", phaseNow, `${why.during} during ${phaseNow}; the staged result was lost${found.damaged}`)
         }
       })
 
@@ -787,8 +888,9 @@ const program = (opts: Options, deviceClock: DeviceClock.DeviceClock): Effect.Ef
     const unknownHolder = new Set<number>()
     /**
      * A slot the server holds busy while no open assignment of this device is on it: the local state
-     * lost the reservation (a deleted or replaced state file), and the refusal does not say which one
-     * it is, so the slot idles until the server expires it. Said once per slot, until it claims again.
+     * lost the reservation (a deleted or replaced state file, a damaged one set aside, a damaged record),
+     * and the refusal does not say which one it is, so the slot idles until the server expires it. Said
+     * once per slot, until it claims again.
      */
     const busyUnknown = (slot: number, message: string) =>
       Effect.gen(function* () {
@@ -796,11 +898,20 @@ const program = (opts: Options, deviceClock: DeviceClock.DeviceClock): Effect.Ef
         const open = yield* Effect.orElseSucceed(state.assignments({ open: true }), () => [])
         if (open.some((a) => a.slot === slot)) return
         unknownHolder.add(slot)
+        const reset = yield* Effect.orElseSucceed(state.reset, () => null)
+        const damaged = yield* Effect.orElseSucceed(state.damagedRows(100), () => ({ total: 0, rows: [] }))
+        const record = damaged.rows.find((r) => r.table === "assignments")
+        const why =
+          reset !== null
+            ? `the state file was started afresh at ${clockIso(reset.at)}, its damaged predecessor set aside as ${reset.setAsideAs}.`
+            : record !== undefined
+              ? `the record of a reservation of this device (${record.key}) was damaged and set aside at ${clockIso(record.at)}.`
+              : "was the state file replaced or deleted?"
         yield* emit({
           type: "error",
           message:
             `slot ${slot} is busy at the server with a reservation this device's local state does not know (${message}); ` +
-            `was the state file replaced or deleted? The slot stays idle until the server expires that reservation, or an operator cancels it`
+            `${why} The slot stays idle until the server expires that reservation, or an operator cancels it`
         })
       })
 

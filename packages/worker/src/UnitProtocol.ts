@@ -1,6 +1,8 @@
 import { PhaseModel, Source, WorkerApi } from "@scanfleet/core"
+import { Data, Either } from "effect"
 import { open, stat } from "node:fs/promises"
 import { z } from "zod"
+import * as Damage from "./internal/Damage.js"
 import * as Scanner from "./Scanner.js"
 
 /**
@@ -95,21 +97,34 @@ export type StageFile = z.infer<typeof StageFileSchema>
 export const stagedInTime = (file: StageFile, scanDeadline: number): boolean => file.stagedAt < scanDeadline
 
 /**
+ * A stage file that holds something else than a staged result: cut short,
+ * overwritten, or larger than a unit writes. The message never quotes it (the
+ * findings in it are not redacted yet).
+ */
+export class StageDamaged extends Data.TaggedError("StageDamaged")<{ readonly file: string; readonly message: string }> {}
+
+/**
  * Reads a stage file without trusting its size: a file larger than any
- * result the unit can write (its limits bound it) is refused unread.
+ * result the unit can write (its limits bound it) is refused unread. What
+ * does not parse is a `StageDamaged`; failing to read it at all (it is gone,
+ * or unreadable) is the file system's own error.
  */
 export const readStaged = async (file: string, limits: OutputLimits = defaultLimits): Promise<StageFile> => {
   const bound = limits.maxFindingsBytes + limits.maxLogChars * 4 + 64 * 1024
   const size = (await stat(file)).size
-  if (size > bound) throw new Error(`the staged result is ${size} bytes, more than the ${bound} a unit writes`)
+  if (size > bound) throw new StageDamaged({ file, message: `it is ${size} bytes, more than the ${bound} a unit writes` })
   const fh = await open(file, "r")
   try {
     const buf = Buffer.alloc(size)
     await fh.read(buf, 0, size, 0)
-    const doc: unknown = JSON.parse(buf.toString("utf8"))
+    const doc = Damage.decode(z.unknown(), buf.toString("utf8"))
+    if (Either.isLeft(doc)) throw new StageDamaged({ file, message: doc.left })
     // Written by a build before the stage file said when it was staged: a bare result, staged when the file was written.
-    const bare = Scanner.StagedSchema.safeParse(doc)
-    return bare.success ? { stagedAt: Math.floor((await fh.stat()).mtimeMs), staged: bare.data } : StageFileSchema.parse(doc)
+    const bare = Scanner.StagedSchema.safeParse(doc.right)
+    if (bare.success) return { stagedAt: Math.floor((await fh.stat()).mtimeMs), staged: bare.data }
+    const staged = Damage.check(StageFileSchema, doc.right)
+    if (Either.isLeft(staged)) throw new StageDamaged({ file, message: staged.left })
+    return staged.right
   } finally {
     await fh.close()
   }

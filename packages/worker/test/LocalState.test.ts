@@ -121,18 +121,23 @@ describe("the local phase journal", () => {
     }
   })
 
-  it("persisted state is parsed on load: a damaged row is an error, not a guess", async () => {
+  it("persisted state is parsed on load: a damaged row is set aside, never guessed at, and the rows beside it stay", async () => {
     const file = join(dir, "damaged.db")
     const s = await LocalState.open(file)
     await s.putAssignment(record(9))
+    await s.putAssignment(record(10))
     await s.close()
     // Damage the row behind the worker's back, as a disk or a hand edit might.
     await editBehindTheWorker(
-      `const D = require("better-sqlite3"); const db = new D(${JSON.stringify(file)}); db.prepare("UPDATE assignments SET doc = json_set(doc, '$.lastSeq', -5)").run(); db.close()`
+      `const D = require("better-sqlite3"); const db = new D(${JSON.stringify(file)}); db.prepare("UPDATE assignments SET doc = json_set(doc, '$.lastSeq', -5) WHERE reservation_id = 9").run(); db.close()`
     )
     const again = await LocalState.open(file)
     try {
-      await expect(again.assignment(9)).rejects.toThrow(/lastSeq/)
+      expect(await again.assignment(9)).toBeNull()
+      expect((await again.assignments()).map((a) => a.reservationId)).toEqual([10])
+      const { total, rows } = await again.damagedRows(10)
+      expect(total).toBe(1)
+      expect(rows[0]).toMatchObject({ table: "assignments", key: "fleet fleet-a, reservation 9", problem: "lastSeq: too_small" })
     } finally {
       await again.close()
     }
@@ -190,6 +195,36 @@ describe("a state file written before fleets had ids", () => {
       expect((await third.fleets()).map((f) => f.fleetId)).toEqual(["fleet-other", "fleet-new"])
     } finally {
       await third.close()
+    }
+  })
+})
+
+describe("a state file written before fleets had ids, with rows that are not JSON", () => {
+  it("is still taken over by the first fleet it meets; its unreadable rows are set aside when read", async () => {
+    const file = join(dir, "v1-damaged.db")
+    const { fleetId: _f, view: v, ...old } = record(4)
+    const { fleetId: _vf, ...oldView } = v
+    const doc = JSON.stringify({ ...old, view: oldView, status: "done", phase: "completed", lastSeq: 1 })
+    // A migrated legacy file whose slot row and an assignment row were damaged afterwards.
+    const legacy = await LocalState.open(file)
+    await legacy.close()
+    await editBehindTheWorker(
+      `const D = require("better-sqlite3"); const db = new D(${JSON.stringify(file)});
+       db.prepare("INSERT INTO assignments (fleet_id, reservation_id, doc, status) VALUES ('legacy', 4, ?, 'done')").run(${JSON.stringify(doc)});
+       db.prepare("INSERT INTO assignments (fleet_id, reservation_id, doc, status) VALUES ('legacy', 5, '{not json', 'done')").run();
+       db.prepare("INSERT INTO slots VALUES (0, 'not json either')").run(); db.close()`
+    )
+    await Effect.runPromise(Effect.provide(Effect.flatMap(LocalState.State, (st) => st.sawFleet("fleet-new", "http://127.0.0.1:1", 10)), LocalState.layer(file)))
+    const s = await LocalState.open(file)
+    try {
+      expect((await s.assignments()).map((a) => [a.fleetId, a.reservationId, a.view.fleetId])).toEqual([["fleet-new", 4, "fleet-new"]])
+      expect(await s.slots()).toEqual([])
+      expect((await s.damagedRows(10)).rows.map((r) => [r.table, r.key])).toEqual([
+        ["slots", "slot 0"],
+        ["assignments", "fleet fleet-new, reservation 5"]
+      ])
+    } finally {
+      await s.close()
     }
   })
 })

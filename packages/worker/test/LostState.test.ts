@@ -1,8 +1,9 @@
-import { mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs"
+import { mkdtempSync, readdirSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { basename, dirname, join } from "node:path"
-import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest"
-import { bundle, spawnCli } from "./support/Controller.js"
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest"
+import { useCleanups } from "./support/Cleanups.js"
+import { bundle, runDevice } from "./support/Controller.js"
 import * as Fleet from "./support/Fleet.js"
 import { useNoOrphans } from "./support/NoOrphans.js"
 import * as Poll from "./support/Poll.js"
@@ -22,22 +23,10 @@ beforeAll(async () => {
   await Promise.all([bundle(), Unit.build()])
 }, 120_000)
 
-const cleanups: Array<() => Promise<unknown>> = []
-afterEach(async () => {
-  for (const c of cleanups.splice(0).reverse()) await c()
-})
+const defer = useCleanups()
 
 let n = 0
-const controller = (fleet: Fleet.Fleet, state: string, scanner: string) => {
-  const p = spawnCli(["run", "--server", fleet.url, "--token", fleet.token, "--slots", "1", "--scanner", scanner === "demo" ? scanner : `command:${scanner}`, "--state", state, "--poll-ms", "50", "--grace-ms", "300"])
-  let out = ""
-  p.all?.on("data", (d: Buffer) => (out += d.toString("utf8")))
-  cleanups.push(async () => {
-    if (p.exitCode === null && p.pid) p.kill("SIGKILL")
-    await p
-  })
-  return { p, out: () => out }
-}
+const controller = (fleet: Fleet.Fleet, state: string, scanner: string) => runDevice(fleet, state, scanner, defer)
 
 /** Every file of a state: the SQLite file and everything beside it named after it. */
 const removeState = (state: string) => {
@@ -47,11 +36,10 @@ const removeState = (state: string) => {
 describe("a device that lost its local state", () => {
   it("a slot the server holds for a reservation the device no longer knows is said in the log once, not swallowed", async () => {
     const fleet = await Fleet.start({ scanSeconds: 60, uploadSeconds: 30, ttlSeconds: 120, slots: 1 })
-    cleanups.push(() => fleet.close())
+    defer(() => fleet.close())
     await fleet.seed(["acme/held"])
     const state = join(dir, `lost-${++n}.db`)
-    const scanner = join(dir, `sleepy-${n}.json`)
-    writeFileSync(scanner, JSON.stringify({ name: "sleepy", command: process.execPath, args: [Unit.adversary("sleepy"), join(dir, `lost-${n}.pids`), "600000", "{identity}"], exitCodes: { "3": "findings" } }))
+    const scanner = Unit.sleepyScanner(join(dir, `sleepy-${n}.json`), join(dir, `lost-${n}.pids`), 600_000)
     const first = controller(fleet, state, scanner)
     await Poll.until("the scan to start", () => peek(state, async (s) => (await s.assignments({ open: true })).find((x) => x.phase === "scanning")), 60_000, 25)
     first.p.kill("SIGKILL")
@@ -71,7 +59,7 @@ describe("a device that lost its local state", () => {
 
   it("a state file deleted under a running controller stops it with an error naming the file and a non-zero exit, before it claims again", async () => {
     const fleet = await Fleet.start({ scanSeconds: 20, slots: 1 })
-    cleanups.push(() => fleet.close())
+    defer(() => fleet.close())
     const state = join(dir, `deleted-${++n}.db`)
     const device = controller(fleet, state, "demo")
     await Poll.until("the device to poll for work", () => device.out().includes("worker started"), 60_000, 25)

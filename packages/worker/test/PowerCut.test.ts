@@ -1,13 +1,14 @@
-import Sqlite from "better-sqlite3"
-import { copyFileSync, existsSync, mkdtempSync, readFileSync, rmSync, statSync, truncateSync, utimesSync, writeFileSync } from "node:fs"
+import { existsSync, mkdtempSync, readFileSync, rmSync, utimesSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest"
-import { bundle, spawnCli } from "./support/Controller.js"
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest"
+import { useCleanups } from "./support/Cleanups.js"
+import { bundle, runDevice } from "./support/Controller.js"
 import * as Fleet from "./support/Fleet.js"
 import { useNoOrphans } from "./support/NoOrphans.js"
 import * as Poll from "./support/Poll.js"
 import { peek } from "./support/State.js"
+import * as Stranded from "./support/Stranded.js"
 import * as Unit from "./support/Unit.js"
 
 useNoOrphans()
@@ -26,83 +27,15 @@ beforeAll(async () => {
   await Promise.all([bundle(), Unit.build()])
 }, 120_000)
 
-const cleanups: Array<() => Promise<unknown>> = []
-afterEach(async () => {
-  for (const c of cleanups.splice(0).reverse()) await c()
-})
-
-const until = <A>(what: string, f: () => Promise<A | undefined | null | false> | A | undefined | null | false, ms = 60_000): Promise<A> => Poll.until(what, f, ms, 25)
-
-let n = 0
-const controller = (url: string, token: string, state: string, scanner: string) => {
-  const p = spawnCli(["run", "--server", url, "--token", token, "--slots", "1", "--scanner", `command:${scanner}`, "--state", state, "--poll-ms", "50", "--grace-ms", "300"])
-  cleanups.push(async () => {
-    if (p.exitCode === null && p.pid) p.kill("SIGKILL")
-    await p
-  })
-  return p
-}
-
-/** Queued results in a state file whose WAL is cut to `bytes`, read from a copy. */
-const queuedWith = (state: string, bytes: number): number => {
-  const copy = join(dir, `copy-${++n}.db`)
-  copyFileSync(state, copy)
-  copyFileSync(`${state}-wal`, `${copy}-wal`)
-  truncateSync(`${copy}-wal`, bytes)
-  const db = new Sqlite(copy, { readonly: true })
-  try {
-    return (db.prepare("SELECT count(*) AS n FROM results").get() as { n: number }).n
-  } finally {
-    db.close()
-    for (const f of [copy, `${copy}-wal`, `${copy}-shm`]) rmSync(f, { force: true })
-  }
-}
-
-/** Drops whole frames from the end of the WAL of a stopped device until the queued result is gone, as a power cut does to unsynced commits. */
-const powerCut = (state: string): void => {
-  const wal = `${state}-wal`
-  const pageSize = readFileSync(wal).readUInt32BE(8)
-  const frame = 24 + pageSize
-  const size = statSync(wal).size
-  for (let cut = 1; 32 + cut * frame <= size; cut++) {
-    if (queuedWith(state, size - cut * frame) > 0) continue
-    truncateSync(wal, size - cut * frame)
-    rmSync(`${state}-shm`, { force: true })
-    return
-  }
-  throw new Error("the queued result is not in the WAL (checkpointed already?)")
-}
-
-/** A scanner file: sleepy scans for `ms`, prints one finding and exits 3. */
-const sleepy = (pidFile: string, ms: number): string => {
-  const file = join(dir, `sleepy-${++n}.json`)
-  writeFileSync(file, JSON.stringify({ name: "sleepy", command: process.execPath, args: [Unit.adversary("sleepy"), pidFile, String(ms), "{identity}"], exitCodes: { "0": "clean", "3": "findings" } }))
-  return file
-}
+const defer = useCleanups()
 
 /** Runs a scan to a queued result that cannot leave, kills the device, and cuts the power; `meanwhile` edits the files before the restart. */
 const scanThroughPowerCut = async (identity: string, meanwhile: (stageFile: string) => void) => {
-  const fleet = await Fleet.start({ scanSeconds: 20, uploadSeconds: 60, ttlSeconds: 120, slots: 1 })
-  cleanups.push(() => fleet.close())
-  const proxy = await Fleet.proxy(fleet.url)
-  cleanups.push(() => proxy.close())
-  await fleet.seed([identity])
-  const state = join(dir, `cut-${++n}.db`)
-  const scanner = sleepy(join(dir, `cut-${n}.pids`), 1500)
-  const first = controller(proxy.url, fleet.token, state, scanner)
-  const a = await until("the scan to start", () => peek(state, async (s) => (await s.assignments({ open: true })).find((x) => x.phase === "scanning")))
-  await proxy.down()
-  await until("the result to be queued", () => peek(state, (s) => s.result(a.reservationId)))
-  first.kill("SIGKILL")
-  await first
-  powerCut(state)
-  meanwhile(a.stageFile!)
-  await proxy.up()
-  const second = controller(proxy.url, fleet.token, state, scanner)
-  const done = await fleet.settled(a.reservationId)
-  second.kill("SIGTERM")
-  expect((await second).exitCode).toBe(0)
-  return { done, findings: await fleet.findings(), stageLeft: existsSync(a.stageFile!) }
+  const stranded = await Stranded.strand(dir, identity, defer)
+  Stranded.powerCut(stranded.state)
+  meanwhile(stranded.assignment.stageFile!)
+  const r = await Stranded.deliver(stranded, defer)
+  return { ...r, stageLeft: existsSync(stranded.assignment.stageFile!) }
 }
 
 describe("a power cut after a result was queued", () => {
@@ -121,5 +54,29 @@ describe("a power cut after a result was queued", () => {
     })
     expect(r.done).toMatchObject({ outcome: "findings" })
     expect(r.findings.map((f) => f.detector)).toEqual(["sleepy"])
+  })
+
+  it("a power cut that loses a delivered result's receipt: the result sent again is answered with the original receipt, whose outcome the device records", async () => {
+    const fleet = await Fleet.start({ scanSeconds: 20, uploadSeconds: 60, ttlSeconds: 120, slots: 1 })
+    defer(() => fleet.close())
+    await fleet.seed(["acme/lost-receipt"])
+    const state = join(dir, "lost-receipt.db")
+    const scanner = Unit.sleepyScanner(join(dir, "lost-receipt.json"), join(dir, "lost-receipt.pids"), 500)
+    const first = runDevice(fleet, state, scanner, defer)
+    expect(await fleet.settled(1)).toMatchObject({ outcome: "findings" })
+    first.p.kill("SIGKILL")
+    await first.p
+    // Every commit from the queued result on is lost; the stage file, removed once the receipt was in, is gone.
+    Stranded.powerCut(state)
+    rmSync(join(`${state}.stage`, `${fleet.fleetId}-r1.json`), { force: true })
+
+    const second = runDevice(fleet, state, scanner, defer)
+    const done = await Poll.until("the assignment to end locally", () => peek(state, async (s) => ((await s.assignment(1))?.status === "done" ? s.assignment(1) : null)), 60_000)
+    // It could only send a scan error (its result was lost); the server answered with the receipt of the findings.
+    expect(done).toMatchObject({ outcome: "findings", receipt: { outcome: "findings" } })
+    expect(done.note).toContain("with outcome findings; this device sent scan_error")
+    expect((await fleet.assignment(1)).outcome).toBe("findings")
+    second.p.kill("SIGTERM")
+    expect((await second.p).exitCode).toBe(0)
   })
 })

@@ -1,12 +1,12 @@
 import { PhaseModel } from "@scanfleet/core"
 import { ProcessTree } from "@scanfleet/worker"
 import { execa } from "execa"
-import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs"
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest"
-import { bundle, spawnCli } from "./support/Controller.js"
+import { bundle, cliPath, spawnCli } from "./support/Controller.js"
 import { plan } from "./support/Contained.js"
 import * as Fleet from "./support/Fleet.js"
 import { useNoOrphans } from "./support/NoOrphans.js"
@@ -202,5 +202,28 @@ describe("crash recovery and shutdown of the worker process", () => {
     expect(history.stdout).toContain("entered permit_wait")
     expect(history.stdout).toMatch(/#\s+\d+ \S+ entered failed\s+\[acked\]\s+the device shut down during scanning/)
     expect(history.stdout).toMatch(/release after #\d+ \[acked\]/)
+  })
+
+  it("status and history print wall-clock times, on a device whose clock was anchored before the wall clock was stepped an hour forward", async () => {
+    const fleet = await Fleet.start({ scanSeconds: 30 })
+    cleanups.push(() => fleet.close())
+    await fleet.seed(["acme/slow-wall-clock"])
+    const state = join(dir, `wall-clock-${++n}.db`)
+    // This boot's anchor as a controller took it an hour before an NTP step set the wall clock right.
+    const bootId = readFileSync("/proc/sys/kernel/random/boot_id", "utf8").trim()
+    writeFileSync(`${state}.clock`, JSON.stringify({ bootId, anchorMs: Date.now() - Number(process.hrtime.bigint()) / 1e6 - 3_600_000 }))
+    const { p } = controller(fleet, state)
+    const a = await until("the scanner to run", () => peek(state, async (s) => (await s.assignments({ open: true })).find((x) => x.phase === "scanning")))
+    const [status, history] = await Promise.all(["status", "history"].map((c) => execa(process.execPath, [cliPath, c, "--state", state], { reject: false })))
+    // The server's own times, on its wall clock: what a person compares the device's with.
+    const expiresAt = (await fleet.assignment(a.reservationId)).expiresAt
+    const assignedAt = (await fleet.timeline(a.reservationId))[0].acceptedAt
+    const shownExpiry = Date.parse(/assignment expiry\s+(\S+)/.exec(status.stdout)![1])
+    const shownAssigned = Date.parse(/#\s+1 (\S+) entered assigned/.exec(history.stdout)![1])
+    expect(Math.abs(shownExpiry - expiresAt), status.stdout).toBeLessThan(5_000)
+    expect(Math.abs(shownAssigned - assignedAt), history.stdout).toBeLessThan(5_000)
+    expect(status.stdout).toMatch(/assignment expiry .* in \d/)
+    p.kill("SIGTERM")
+    expect((await p).exitCode).toBe(0)
   })
 })

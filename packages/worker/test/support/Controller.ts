@@ -56,3 +56,31 @@ export const cliPath = `${outDir}cli.js`
  */
 export const spawnCli = (args: ReadonlyArray<string>, env: Record<string, string> = {}): ResultPromise<{ reject: false; all: true }> =>
   execa(process.execPath, [cliPath, ...args], { reject: false, all: true, env: { ...process.env, ...env } })
+
+/** A running `scanfleet-worker run`: its process, and what it wrote to stdout and stderr so far. */
+export interface RunningDevice {
+  readonly p: ResultPromise<{ reject: false; all: true }>
+  readonly out: () => string
+}
+
+/**
+ * Starts `scanfleet-worker run` against a server on a state file, polling
+ * every 50 ms with a 300 ms grace; `defer` (see `useCleanups`) gets the kill
+ * that ends it if the test did not.
+ */
+export const runDevice = (
+  server: { readonly url: string; readonly token: string },
+  state: string,
+  scanner: string,
+  defer: (cleanup: () => Promise<unknown>) => void,
+  opts: { readonly slots?: number } = {}
+): RunningDevice => {
+  const p = spawnCli(["run", "--server", server.url, "--token", server.token, "--slots", String(opts.slots ?? 1), "--scanner", scanner, "--state", state, "--poll-ms", "50", "--grace-ms", "300"])
+  let out = ""
+  p.all?.on("data", (d: Buffer) => (out += d.toString("utf8")))
+  defer(async () => {
+    if (p.exitCode === null && p.pid) p.kill("SIGKILL")
+    await p
+  })
+  return { p, out: () => out }
+}

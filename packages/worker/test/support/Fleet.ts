@@ -25,7 +25,7 @@ export interface Fleet {
   readonly timeline: (reservationId: number) => Promise<ReadonlyArray<{ seq: number; kind: string; phase: string; at: number; detail?: string; acceptedAt: number }>>
   /** The server's view of a reservation. */
   readonly assignment: (reservationId: number) => Promise<{ state: string; outcome: string | null; finalPhase: string | null; expiresAt: number; lastSeq: number }>
-  /** The server's view of a reservation once its result is accepted (polled; fails after `ms`). */
+  /** The server's view of a reservation once its result is accepted (polled, also while it is not claimed yet; fails after `ms`). */
   readonly settled: (reservationId: number, ms?: number) => Promise<{ state: string; outcome: string | null; finalPhase: string | null; expiresAt: number; lastSeq: number }>
   /** Every finding the server stored. */
   readonly findings: () => Promise<ReadonlyArray<{ readonly detector: string; readonly path: string; readonly fingerprint: string; readonly preview: string; readonly details: unknown }>>
@@ -78,7 +78,13 @@ export const start = async (opts: {
     settled: (id, ms = 60_000) =>
       Poll.until(
         "the result at the server",
-        () => rt.runPromise(store.getAssignment(id)).then((x) => (x.outcome !== null ? x : null)),
+        () =>
+          rt.runPromise(
+            store.getAssignment(id).pipe(
+              Effect.map((x) => (x.outcome !== null ? x : null)),
+              Effect.catchTag("NotFound", () => Effect.succeed(null))
+            )
+          ),
         ms,
         50
       ),

@@ -1,4 +1,4 @@
-import { mkdirSync } from "node:fs"
+import { mkdirSync, writeFileSync } from "node:fs"
 import { fileURLToPath } from "node:url"
 import { bundleEntry } from "./Controller.js"
 
@@ -30,3 +30,12 @@ export const adversaries = ["restart-on-term", "daemonize", "term-trap", "hold-s
 
 /** The bundled path of one adversarial scanner. */
 export const adversary = (name: (typeof adversaries)[number]): string => `${outDir}adversarial/${name}.js`
+
+/**
+ * Writes a command scanner document for the sleepy scanner to `file` and returns its `--scanner` value:
+ * it records its pid in `pidFile`, scans for `ms`, prints one finding naming its target and exits 3 (findings).
+ */
+export const sleepyScanner = (file: string, pidFile: string, ms: number): string => {
+  writeFileSync(file, JSON.stringify({ name: "sleepy", command: process.execPath, args: [adversary("sleepy"), pidFile, String(ms), "{identity}"], exitCodes: { "0": "clean", "3": "findings" } }))
+  return `command:${file}`
+}

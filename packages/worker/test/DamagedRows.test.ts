@@ -1,0 +1,143 @@
+import Sqlite from "better-sqlite3"
+import { execa } from "execa"
+import { mkdtempSync, rmSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest"
+import { useCleanups } from "./support/Cleanups.js"
+import { bundle, cliPath, runDevice } from "./support/Controller.js"
+import * as Fleet from "./support/Fleet.js"
+import { useNoOrphans } from "./support/NoOrphans.js"
+import * as Poll from "./support/Poll.js"
+import { peek } from "./support/State.js"
+import * as Stranded from "./support/Stranded.js"
+import * as Unit from "./support/Unit.js"
+
+useNoOrphans()
+
+vi.setConfig({ testTimeout: 180_000 })
+
+// Single rows of a device's state file whose payload is not what it should be (a bit flipped on disk, a
+// hand edit), written with better-sqlite3 behind the device's back. Each row is set aside alone, its
+// table and key said (never its payload: a row may hold a secret), and everything else goes on. Before,
+// any one of them stopped the device at every start, or `status` and `history` with it.
+
+const dir = mkdtempSync(join(tmpdir(), "scanfleet-damaged-rows-"))
+afterAll(() => rmSync(dir, { recursive: true, force: true }))
+beforeAll(async () => {
+  await Promise.all([bundle(), Unit.build()])
+}, 120_000)
+
+const defer = useCleanups()
+
+/** Runs `f` on the state file with better-sqlite3, as something other than the device would. */
+const edit = <A>(state: string, f: (db: Sqlite.Database) => A): A => {
+  const db = new Sqlite(state)
+  try {
+    return f(db)
+  } finally {
+    db.close()
+  }
+}
+
+const cli = (command: string, state: string) => execa(process.execPath, [cliPath, command, "--state", state], { reject: false })
+
+describe("damaged rows in a device's state file", () => {
+  it("a damaged queued result, two damaged journal entries, a damaged slot and an unreadable assignment are each set aside alone: the scan's own result is delivered with its timeline whole", async () => {
+    const stranded = await Stranded.strand(dir, "acme/damaged-rows", defer)
+    const { fleetId, reservationId: id } = stranded.assignment
+    // Each payload carries a marker that must never reach a log line.
+    const pending = edit(stranded.state, (db) => {
+      const seqs = (db.prepare("SELECT seq FROM events WHERE reservation_id = ? AND delivery = 'pending' ORDER BY seq").all(id) as Array<{ seq: number }>).map((e) => e.seq)
+      db.prepare("UPDATE results SET body = ? WHERE reservation_id = ?").run('{"fence":1,"outcome":"findings","findings":[{"secret":"SECRET-RESULT', id)
+      // one in the middle of what is still to be sent, and the last one
+      db.prepare("UPDATE events SET phase = 'SECRET-EVENT' WHERE reservation_id = ? AND seq IN (?, ?)").run(id, seqs[1], seqs.at(-1))
+      db.prepare("UPDATE slots SET doc = 'SECRET-SLOT' WHERE slot = 0").run()
+      db.prepare("INSERT INTO assignments (fleet_id, reservation_id, doc, status) VALUES (?, 999, ?, 'running')").run(fleetId, '{"view":{"token":"SECRET-ASSIGNMENT"')
+      return seqs
+    })
+
+    const r = await Stranded.deliver(stranded, defer)
+    // The queued result was set aside: the restart queued the scan's own result again from its stage file.
+    expect(r.done).toMatchObject({ outcome: "findings" })
+    expect(r.findings.map((f) => f.detector)).toEqual(["sleepy"])
+    // The server's timeline is whole: every sequence once, a stand-in where a damaged entry was.
+    const timeline = await stranded.fleet.timeline(id)
+    expect(timeline.map((e) => e.seq)).toEqual(timeline.map((_, i) => i + 1))
+    for (const seq of [pending[1], pending.at(-1)!]) expect(timeline.find((e) => e.seq === seq)?.detail).toContain(`this device's record of event ${seq} was damaged and set aside`)
+    expect(timeline.find((e) => e.seq === pending.at(-1))?.phase, "the last entry's phase is the one its record kept").toBe("awaiting_receipt")
+
+    const errors = r.out.split("\n").filter((l) => l.includes('"level":"error"'))
+    const said = (table: string, key: string) => errors.filter((l) => l.includes(`the state file ${stranded.state}: a row of its ${table} table (${key}) was damaged`))
+    expect(said("results", `fleet ${fleetId}, reservation ${id}`)).toHaveLength(1)
+    for (const seq of [pending[1], pending.at(-1)]) expect(said("events", `fleet ${fleetId}, reservation ${id}, sequence ${seq}`)).toHaveLength(1)
+    expect(said("slots", "slot 0")).toHaveLength(1)
+    expect(said("assignments", `fleet ${fleetId}, reservation 999`)[0]).toContain("the server ends it at its assignment expiry")
+    expect(r.out).not.toContain("SECRET")
+    // Kept, as they were, for a person to look at.
+    const kept = edit(stranded.state, (db) => db.prepare("SELECT table_name, row FROM damaged_rows ORDER BY n").all() as Array<{ table_name: string; row: string }>)
+    expect(kept.map((k) => k.table_name).sort()).toEqual(["assignments", "events", "events", "results", "slots"])
+    expect(kept.every((k) => k.row.includes("SECRET"))).toBe(true)
+    const status = await cli("status", stranded.state)
+    expect(status.exitCode).toBe(0)
+    expect(status.stdout).toContain("rows set aside as damaged: 5")
+    expect(status.stdout).toContain(`assignments (fleet ${fleetId}, reservation 999): not JSON`)
+    expect(status.stdout).not.toContain("SECRET")
+  })
+
+  it("status and history set aside a damaged controller record and a damaged finished assignment, and show the rest", async () => {
+    const stranded = await Stranded.strand(dir, "acme/damaged-history", defer)
+    const r = await Stranded.deliver(stranded, defer)
+    expect(r.done).toMatchObject({ outcome: "findings" })
+    const { fleetId, reservationId: id } = stranded.assignment
+    edit(stranded.state, (db) => {
+      db.prepare("UPDATE meta SET value = 'SECRET-CONTROLLER' WHERE key = 'controller'").run()
+      // A second finished assignment, beside the damaged one, that history still shows.
+      const doc = (db.prepare("SELECT doc FROM assignments WHERE reservation_id = ?").get(id) as { doc: string }).doc
+      db.prepare("INSERT INTO assignments (fleet_id, reservation_id, doc, status) VALUES (?, ?, ?, 'done')").run(fleetId, id + 1, doc.replace(`"reservationId":${id}`, `"reservationId":${id + 1}`))
+      db.prepare("UPDATE assignments SET doc = json_set(doc, '$.fence', 'SECRET-FENCE') WHERE reservation_id = ?").run(id)
+    })
+    const status = await cli("status", stranded.state)
+    expect(status.exitCode).toBe(0)
+    expect(status.stdout).toContain("meta (controller): not JSON")
+    expect(status.stdout).toContain("containment: ")
+    const history = await cli("history", stranded.state)
+    expect(history.exitCode).toBe(0)
+    expect(history.stdout).toContain(`reservation ${id + 1} github:acme/damaged-history`)
+    expect(history.stdout).not.toContain(`reservation ${id} github:`)
+    const again = await cli("status", stranded.state)
+    expect(again.stdout).toContain("rows set aside as damaged: 2")
+    expect(again.stdout).toContain(`assignments (fleet ${fleetId}, reservation ${id}): fence: invalid_type`)
+    expect(`${status.stdout}${status.stderr}${history.stdout}${history.stderr}${again.stdout}`).not.toContain("SECRET")
+  })
+
+  it("the damaged record of a reservation the device holds: set aside alone, its slot refused until the server expires the reservation (said once, naming the record), while the other slot scans", async () => {
+    // The held target's scan outlasts the test (demo:held sleeps an hour on it); its reservation expires 12 s after the claim.
+    const fleet = await Fleet.start({ scanSeconds: 6, uploadSeconds: 5, ttlSeconds: 12, slots: 2 })
+    defer(() => fleet.close())
+    await fleet.seed(["acme/held-record"])
+    const state = join(dir, "held-record.db")
+    const first = runDevice(fleet, state, "demo:held", defer, { slots: 2 })
+    const held = await Poll.until("the held scan to start", () => peek(state, async (s) => (await s.assignments({ open: true })).find((a) => a.phase === "scanning")), 60_000)
+    first.p.kill("SIGKILL")
+    await first.p
+    const lastSeq = (await fleet.assignment(held.reservationId)).lastSeq
+    // Cut short, as a torn write leaves it.
+    edit(state, (db) => db.prepare("UPDATE assignments SET doc = substr(doc, 1, 100) WHERE reservation_id = ?").run(held.reservationId))
+
+    await fleet.seed(["acme/beside-the-record"])
+    const second = runDevice(fleet, state, "demo:held", defer, { slots: 2 })
+    expect((await fleet.settled(held.reservationId + 1)).outcome).toMatch(/^(clean|findings)$/)
+    const busy = await Poll.until("the busy slot in the log", () => second.out().split("\n").filter((l) => l.includes(`slot ${held.slot} is busy at the server`)), 30_000, 50)
+    expect(busy[0]).toContain(`the record of a reservation of this device (fleet ${held.fleetId}, reservation ${held.reservationId}) was damaged and set aside`)
+    // Its journal, intact, is kept; nothing of it is waiting to be sent, and the server heard nothing more of it until its expiry.
+    const journal = await peek(state, (s) => s.journal({ fleetId: held.fleetId, reservationId: held.reservationId }))
+    expect(journal.length).toBeGreaterThan(0)
+    expect(journal.filter((e) => e.delivery === "pending")).toEqual([])
+    const expired = await Poll.until("the held reservation to expire", () => fleet.assignment(held.reservationId).then((a) => (a.state === "expired" ? a : null)), 30_000, 100)
+    expect(expired.lastSeq).toBe(lastSeq)
+    expect(second.out().split("\n").filter((l) => l.includes(`slot ${held.slot} is busy at the server`))).toHaveLength(1)
+    second.p.kill("SIGTERM")
+    expect((await second.p).exitCode).toBe(0)
+  })
+})
