@@ -1,7 +1,6 @@
-import pg from "pg"
 import { afterAll, beforeAll, inject } from "vitest"
 import * as Database from "../src/Database.js"
-import { pgDatabase } from "./fixtures/Databases.js"
+import { pgDatabase, pgQuery } from "./fixtures/Databases.js"
 import { filesUnder, findingsSuite } from "./fixtures/FindingsSuite.js"
 
 let db: Awaited<ReturnType<typeof pgDatabase>>
@@ -10,15 +9,7 @@ beforeAll(async () => {
 })
 afterAll(() => db?.cleanup())
 
-const query = async <R>(url: string, text: string): Promise<Array<R>> => {
-  const c = new pg.Client({ connectionString: url })
-  await c.connect()
-  try {
-    return (await c.query(text)).rows as Array<R>
-  } finally {
-    await c.end()
-  }
-}
+const query = <R>(url: string, text: string): Promise<Array<R>> => pgQuery<R>(url, text)
 
 findingsSuite(
   "PostgreSQL",

@@ -3,7 +3,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import pg from "pg"
 import { afterAll, beforeAll, describe, expect, inject, it } from "vitest"
-import { pgDatabase } from "./fixtures/Databases.js"
+import { pgDatabase, pgQuery } from "./fixtures/Databases.js"
 import * as PgProxy from "./fixtures/PgProxy.js"
 import { prepare, serve, type ServerProcess } from "./fixtures/ServerProcess.js"
 
@@ -38,15 +38,7 @@ const fleet = async (settings: Record<string, unknown> = {}) => {
   const claim = (slot: number, signal?: AbortSignal) =>
     fetch(`${server.url}/v1/assignments/claim`, { method: "POST", headers: { authorization: `Bearer ${device.token}` }, body: JSON.stringify({ slot }), signal })
   /** A statement on the database itself, not through the proxy. */
-  const direct = async (text: string, values: Array<unknown> = []) => {
-    const c = new pg.Client({ connectionString: db.url })
-    await c.connect()
-    try {
-      return (await c.query(text, values)).rows
-    } finally {
-      await c.end()
-    }
-  }
+  const direct = (text: string, values: Array<unknown> = []) => pgQuery(db.url, text, values)
   const lines = (): Array<Line> => server.output().split("\n").filter((l) => l.startsWith("{")).map((l) => JSON.parse(l) as Line)
   return {
     db,

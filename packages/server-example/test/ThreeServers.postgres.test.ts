@@ -4,10 +4,9 @@ import { Effect, ManagedRuntime } from "effect"
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import pg from "pg"
 import { afterAll, beforeAll, describe, expect, inject, it } from "vitest"
 import * as Database from "../src/Database.js"
-import { pgDatabase } from "./fixtures/Databases.js"
+import { pgDatabase, pgQuery } from "./fixtures/Databases.js"
 import { prepare, serve, type ServerProcess } from "./fixtures/ServerProcess.js"
 
 const adminToken = "three-servers-admin-token-0123456789"
@@ -22,15 +21,7 @@ describe("three server processes on one PostgreSQL, discovery running in all", {
   let servers: Array<ServerProcess> = []
   let rt: ManagedRuntime.ManagedRuntime<Store.Store, unknown>
   let dir: string
-  const query = async (text: string, values: Array<unknown> = []) => {
-    const c = new pg.Client({ connectionString: db.url })
-    await c.connect()
-    try {
-      return (await c.query(text, values)).rows
-    } finally {
-      await c.end()
-    }
-  }
+  const query = (text: string, values: Array<unknown> = []) => pgQuery(db.url, text, values)
   beforeAll(async () => {
     db = await pgDatabase(inject("pgUrl"))
     fakes = await FakeSources.start()
