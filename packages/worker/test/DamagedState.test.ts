@@ -1,18 +1,17 @@
 import Sqlite from "better-sqlite3"
 import { execa } from "execa"
 import { randomBytes } from "node:crypto"
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, truncateSync, writeFileSync } from "node:fs"
-import { tmpdir } from "node:os"
+import { existsSync, readdirSync, readFileSync, rmSync, statSync, truncateSync, writeFileSync } from "node:fs"
 import { basename, dirname, join } from "node:path"
-import { afterAll, beforeAll, describe, expect, it, vi } from "vitest"
+import { describe, expect, it, vi } from "vitest"
 import { useCleanups } from "./support/Cleanups.js"
-import { bundle, cliPath, runDevice, type RunningDevice } from "./support/Controller.js"
+import { cliPath, runDevice, type RunningDevice } from "./support/Controller.js"
 import * as Fleet from "./support/Fleet.js"
 import { useNoOrphans } from "./support/NoOrphans.js"
 import * as Poll from "./support/Poll.js"
 import { peek } from "./support/State.js"
 import * as Stranded from "./support/Stranded.js"
-import * as Unit from "./support/Unit.js"
+import { useDeviceScratch } from "./support/Scratch.js"
 
 useNoOrphans()
 
@@ -25,11 +24,7 @@ vi.setConfig({ testTimeout: 180_000 })
 // What docs/worker.md ("Damaged local state") tells an operator to look at, `status` and the files set
 // aside, is what these tests read.
 
-const dir = mkdtempSync(join(tmpdir(), "scanfleet-damaged-state-"))
-afterAll(() => rmSync(dir, { recursive: true, force: true }))
-beforeAll(async () => {
-  await Promise.all([bundle(), Unit.build()])
-}, 120_000)
+const dir = useDeviceScratch("damaged-state")
 
 const defer = useCleanups()
 

@@ -1,13 +1,13 @@
 import { execaSync } from "execa"
-import { closeSync, mkdirSync, mkdtempSync, openSync, rmSync, writeFileSync, writeSync } from "node:fs"
-import { tmpdir } from "node:os"
+import { closeSync, mkdirSync, openSync, rmSync, writeFileSync, writeSync } from "node:fs"
 import { join } from "node:path"
-import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest"
-import { bundle, spawnCli } from "./support/Controller.js"
+import { afterEach, describe, expect, it, vi } from "vitest"
+import { spawnCli } from "./support/Controller.js"
 import * as Fleet from "./support/Fleet.js"
 import { useNoOrphans } from "./support/NoOrphans.js"
 import * as Poll from "./support/Poll.js"
 import * as Unit from "./support/Unit.js"
+import { useDeviceScratch } from "./support/Scratch.js"
 
 useNoOrphans()
 
@@ -18,11 +18,7 @@ vi.setConfig({ testTimeout: 180_000 })
 
 if (process.getuid?.() !== 0) throw new Error("DiskFull.test.ts mounts a tmpfs and needs root")
 
-const dir = mkdtempSync(join(tmpdir(), "scanfleet-disk-full-"))
-afterAll(() => rmSync(dir, { recursive: true, force: true }))
-beforeAll(async () => {
-  await Promise.all([bundle(), Unit.build()])
-}, 120_000)
+const dir = useDeviceScratch("disk-full")
 
 const cleanups: Array<() => Promise<unknown>> = []
 afterEach(async () => {

@@ -1,14 +1,14 @@
-import { mkdtempSync, readdirSync, rmSync } from "node:fs"
-import { tmpdir } from "node:os"
+import { readdirSync, rmSync } from "node:fs"
 import { basename, dirname, join } from "node:path"
-import { afterAll, beforeAll, describe, expect, it, vi } from "vitest"
+import { describe, expect, it, vi } from "vitest"
 import { useCleanups } from "./support/Cleanups.js"
-import { bundle, runDevice } from "./support/Controller.js"
+import { runDevice } from "./support/Controller.js"
 import * as Fleet from "./support/Fleet.js"
 import { useNoOrphans } from "./support/NoOrphans.js"
 import * as Poll from "./support/Poll.js"
 import { peek } from "./support/State.js"
 import * as Unit from "./support/Unit.js"
+import { useDeviceScratch } from "./support/Scratch.js"
 
 useNoOrphans()
 
@@ -17,11 +17,7 @@ vi.setConfig({ testTimeout: 180_000 })
 // A device whose local state is gone (deleted, or replaced by an empty file) while the server still
 // holds one of its reservations.
 
-const dir = mkdtempSync(join(tmpdir(), "scanfleet-lost-state-"))
-afterAll(() => rmSync(dir, { recursive: true, force: true }))
-beforeAll(async () => {
-  await Promise.all([bundle(), Unit.build()])
-}, 120_000)
+const dir = useDeviceScratch("lost-state")
 
 const defer = useCleanups()
 

@@ -1,15 +1,15 @@
-import { existsSync, mkdtempSync, readFileSync, rmSync, utimesSync, writeFileSync } from "node:fs"
-import { tmpdir } from "node:os"
+import { existsSync, readFileSync, rmSync, utimesSync, writeFileSync } from "node:fs"
 import { join } from "node:path"
-import { afterAll, beforeAll, describe, expect, it, vi } from "vitest"
+import { describe, expect, it, vi } from "vitest"
 import { useCleanups } from "./support/Cleanups.js"
-import { bundle, runDevice } from "./support/Controller.js"
+import { runDevice } from "./support/Controller.js"
 import * as Fleet from "./support/Fleet.js"
 import { useNoOrphans } from "./support/NoOrphans.js"
 import * as Poll from "./support/Poll.js"
 import { peek } from "./support/State.js"
 import * as Stranded from "./support/Stranded.js"
 import * as Unit from "./support/Unit.js"
+import { useDeviceScratch } from "./support/Scratch.js"
 
 useNoOrphans()
 
@@ -21,11 +21,7 @@ vi.setConfig({ testTimeout: 180_000 })
 // be reached, and its WAL is cut back, frame by frame, until the queued result is gone, as a power
 // cut leaves it. The restarted device must deliver the scan's own result.
 
-const dir = mkdtempSync(join(tmpdir(), "scanfleet-power-cut-"))
-afterAll(() => rmSync(dir, { recursive: true, force: true }))
-beforeAll(async () => {
-  await Promise.all([bundle(), Unit.build()])
-}, 120_000)
+const dir = useDeviceScratch("power-cut")
 
 const defer = useCleanups()
 

@@ -1,16 +1,16 @@
 import { type Containment, ProcessTree, Scanner, Supervisor } from "@scanfleet/worker"
 import { execa } from "execa"
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmdirSync, rmSync, writeFileSync } from "node:fs"
-import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest"
+import { afterEach, describe, expect, it, vi } from "vitest"
 import { plan } from "./support/Contained.js"
-import { bundle, cliPath, spawnCli } from "./support/Controller.js"
+import { cliPath, spawnCli } from "./support/Controller.js"
 import * as Fleet from "./support/Fleet.js"
 import { useNoOrphans } from "./support/NoOrphans.js"
 import * as Poll from "./support/Poll.js"
 import { peek } from "./support/State.js"
 import * as Unit from "./support/Unit.js"
+import { useDeviceScratch } from "./support/Scratch.js"
 
 useNoOrphans()
 
@@ -23,11 +23,7 @@ vi.setConfig({ testTimeout: 180_000 })
 // has exited takes nothing with it, so the scanner's helpers keep a kill's grace running: the
 // kill tests run at one of those levels.
 
-const dir = mkdtempSync(join(tmpdir(), "scanfleet-stage-end-"))
-afterAll(() => rmSync(dir, { recursive: true, force: true }))
-beforeAll(async () => {
-  await Promise.all([bundle(), Unit.build()])
-}, 120_000)
+const dir = useDeviceScratch("stage-end")
 
 const cleanups: Array<() => Promise<unknown>> = []
 afterEach(async () => {

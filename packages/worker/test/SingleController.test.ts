@@ -1,13 +1,12 @@
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
-import { tmpdir } from "node:os"
+import { rmSync, writeFileSync } from "node:fs"
 import { join } from "node:path"
-import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest"
+import { afterEach, describe, expect, it, vi } from "vitest"
 import { execa } from "execa"
-import { bundle, cliPath } from "./support/Controller.js"
+import { cliPath } from "./support/Controller.js"
 import * as Fleet from "./support/Fleet.js"
 import { useNoOrphans } from "./support/NoOrphans.js"
 import * as Poll from "./support/Poll.js"
-import * as Unit from "./support/Unit.js"
+import { useDeviceScratch } from "./support/Scratch.js"
 
 useNoOrphans()
 
@@ -16,11 +15,7 @@ vi.setConfig({ testTimeout: 180_000 })
 // One controller per state file: a second one's recovery would kill the first one's live scans.
 // The starters share one CPU (taskset), so the scheduler interleaves them inside their lock taking.
 
-const dir = mkdtempSync(join(tmpdir(), "scanfleet-single-"))
-afterAll(() => rmSync(dir, { recursive: true, force: true }))
-beforeAll(async () => {
-  await Promise.all([bundle(), Unit.build()])
-}, 120_000)
+const dir = useDeviceScratch("single")
 
 const cleanups: Array<() => Promise<unknown>> = []
 afterEach(async () => {

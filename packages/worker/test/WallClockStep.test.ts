@@ -1,14 +1,14 @@
 import { ProcessTree } from "@scanfleet/worker"
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs"
-import { tmpdir } from "node:os"
+import { existsSync, readFileSync, writeFileSync } from "node:fs"
 import { join } from "node:path"
-import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest"
-import { bundle, spawnCli } from "./support/Controller.js"
+import { afterEach, describe, expect, it, vi } from "vitest"
+import { spawnCli } from "./support/Controller.js"
 import * as Fleet from "./support/Fleet.js"
 import { useNoOrphans } from "./support/NoOrphans.js"
 import * as Poll from "./support/Poll.js"
 import { peek } from "./support/State.js"
 import * as Unit from "./support/Unit.js"
+import { useDeviceScratch } from "./support/Scratch.js"
 
 useNoOrphans()
 
@@ -21,11 +21,7 @@ vi.setConfig({ testTimeout: 180_000 })
 const libfaketime = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 if (!existsSync(libfaketime)) throw new Error(`these tests need libfaketime at ${libfaketime} (Debian: apt-get install faketime)`)
 
-const dir = mkdtempSync(join(tmpdir(), "scanfleet-clock-step-"))
-afterAll(() => rmSync(dir, { recursive: true, force: true }))
-beforeAll(async () => {
-  await Promise.all([bundle(), Unit.build()])
-}, 120_000)
+const dir = useDeviceScratch("clock-step")
 
 const cleanups: Array<() => Promise<unknown>> = []
 afterEach(async () => {
