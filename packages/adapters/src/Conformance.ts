@@ -6,6 +6,7 @@ import {
   Config,
   Deadline,
   Discovery,
+  type Errors,
   MemoryStore,
   Percentile,
   PhaseModel,
@@ -68,7 +69,8 @@ const lifecycle = (t: Target.Target) => ({
   attempts: t.attempts
 })
 
-const failure = <A, E>(self: Effect.Effect<A, E>) => Effect.flip(self) as Effect.Effect<E & { readonly _tag: string; readonly reason?: string }, A>
+const failure = <A, E>(self: Effect.Effect<A, E>) =>
+  Effect.flip(self) as Effect.Effect<E & { readonly _tag: string; readonly reason?: string; readonly holder?: Errors.SlotHolder }, A>
 
 /**
  * The conformance suite of the Store port: every operation, every storage
@@ -365,10 +367,14 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
         Effect.gen(function* () {
           const d = yield* addDevice(s, 1)
           yield* s.recordObservations([obs("github", "first", T0 - DAY), obs("github", "second", T0 - DAY)], T0)
-          yield* claimed(s, d.id, 0, T0)
+          const held = yield* claimed(s, d.id, 0, T0)
           yield* s.recordObservations([obs("github", "second", T0 - HOUR)], T0 + 1)
           const before = yield* s.getTarget("github", "second")
-          expect((yield* failure(s.claim({ deviceId: d.id, slot: 0, now: T0 + 2, config }))).reason).toBe("slot_busy")
+          // the refusal names the device's own reservation on the slot, so a device that lost its answer can give it back
+          expect(yield* failure(s.claim({ deviceId: d.id, slot: 0, now: T0 + 2, config }))).toMatchObject({
+            reason: "slot_busy",
+            holder: { reservationId: held.reservationId, fence: held.fence }
+          })
           expect((yield* failure(s.claim({ deviceId: d.id, slot: 1, now: T0 + 2, config }))).reason).toBe("capacity")
           expect((yield* failure(s.claim({ deviceId: 999, slot: 0, now: T0 + 2, config }))).reason).toBe("unknown_device")
           const other = yield* addDevice(s, 1, "revoked")
@@ -485,11 +491,14 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
         Effect.gen(function* () {
           const d = yield* addDevice(s, 3)
           yield* s.recordObservations(["r1", "r2", "r3", "r4"].map((i) => obs("github", i, null)), T0)
-          yield* claimed(s, d.id, 1, T0)
+          const held = yield* claimed(s, d.id, 1, T0)
           const before = yield* s.countTargets()
           const reason = (slots: ReadonlyArray<number>, deviceId = d.id) => Effect.map(failure(s.claimMany({ deviceId, slots, now: T0 + 1, config })), (e) => e.reason)
           expect(yield* reason([0, 1])).toBe("slot_busy")
+          expect((yield* failure(s.claimMany({ deviceId: d.id, slots: [0, 1], now: T0 + 1, config }))).holder).toEqual({ reservationId: held.reservationId, fence: held.fence })
           expect(yield* reason([0, 0])).toBe("slot_busy")
+          // a slot listed twice is busy with no reservation of its own to name
+          expect((yield* failure(s.claimMany({ deviceId: d.id, slots: [0, 0], now: T0 + 1, config }))).holder).toBeUndefined()
           expect(yield* reason([0, 3])).toBe("capacity")
           expect(yield* reason([2, -1, 1])).toBe("capacity")
           expect(yield* reason([0.5])).toBe("capacity")

@@ -1,5 +1,5 @@
 import { Either } from "effect"
-import { ClaimRejected } from "./Errors.js"
+import { ClaimRejected, type SlotHolder } from "./Errors.js"
 import type { Target } from "./Target.js"
 
 /**
@@ -21,19 +21,33 @@ export const claim = (t: Target, expectedFence: number, now: number): Either.Eit
   })
 }
 
+/** A slot of a device and the active reservation that holds it. */
+export interface Held extends SlotHolder {
+  readonly slot: number
+}
+
 /**
- * Why a device of `deviceSlots` slots that holds reservations on the `busy` slots cannot take the
+ * Why a device of `deviceSlots` slots whose `busy` slots hold active reservations cannot take the
  * `requested` ones, checked slot by slot in order as successive single claims would be: a slot out
- * of range (`capacity`), a slot busy or listed twice (`slot_busy`), a device already full
- * (`capacity`). `undefined` when every requested slot can be filled.
+ * of range (`capacity`), a slot busy (`slot_busy`, naming its reservation) or listed twice
+ * (`slot_busy`), a device already full (`capacity`). `undefined` when every requested slot can be
+ * filled.
  */
-export const refuseSlots = (deviceSlots: number, busy: ReadonlyArray<number>, requested: ReadonlyArray<number>): ClaimRejected | undefined => {
-  const held = new Set(busy)
+export const refuseSlots = (deviceSlots: number, busy: ReadonlyArray<Held>, requested: ReadonlyArray<number>): ClaimRejected | undefined => {
+  const holders = new Map(busy.map((h) => [h.slot, h]))
+  const held = new Set(holders.keys())
   let count = busy.length
   for (const slot of requested) {
     if (!Number.isInteger(slot) || slot < 0 || slot >= deviceSlots)
       return new ClaimRejected({ reason: "capacity", message: `slot ${slot} is outside the device's ${deviceSlots} slots` })
-    if (held.has(slot)) return new ClaimRejected({ reason: "slot_busy", message: `slot ${slot} already holds a reservation` })
+    const holder = holders.get(slot)
+    if (holder !== undefined)
+      return new ClaimRejected({
+        reason: "slot_busy",
+        message: `slot ${slot} already holds a reservation (${holder.reservationId}, fence ${holder.fence})`,
+        holder: { reservationId: holder.reservationId, fence: holder.fence }
+      })
+    if (held.has(slot)) return new ClaimRejected({ reason: "slot_busy", message: `slot ${slot} is listed twice in one claim` })
     if (count >= deviceSlots) return new ClaimRejected({ reason: "capacity", message: `device holds ${count} of ${deviceSlots} slots` })
     held.add(slot)
     count++

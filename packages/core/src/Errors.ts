@@ -1,10 +1,22 @@
 import { Data } from "effect"
 import type { Phase } from "./PhaseModel.js"
 
+/** An active reservation that holds a device's slot: the device's own, named so that it can give it back. */
+export interface SlotHolder {
+  readonly reservationId: number
+  readonly fence: number
+}
+
 /** A claim that could not take authority; nothing changed. */
 export class ClaimRejected extends Data.TaggedError("ClaimRejected")<{
   readonly reason: "capacity" | "slot_busy" | "source_cap" | "unknown_device" | "fence" | "not_pending" | "deadline_passed"
   readonly message: string
+  /**
+   * With `slot_busy` for a slot an active reservation holds: that reservation. A device whose
+   * local state does not know it (the claim's answer was lost, or the state was) releases it
+   * instead of idling the slot until its assignment expiry.
+   */
+  readonly holder?: SlotHolder
 }> {}
 
 /** A worker write refused because the reservation is not the caller's live one. */

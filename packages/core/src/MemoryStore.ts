@@ -76,7 +76,7 @@ export const make = (): StoreShape => {
     const d = devices.get(req.deviceId)
     if (!d || d.revokedAt !== null) return Either.left(new ClaimRejected({ reason: "unknown_device", message: `device ${req.deviceId} is not registered or was revoked` }))
     const active = [...assignments.values()].filter((a) => a.state === "active")
-    const refused = Claim.refuseSlots(d.slots, active.filter((a) => a.deviceId === req.deviceId).map((a) => a.slot), req.slots)
+    const refused = Claim.refuseSlots(d.slots, active.filter((a) => a.deviceId === req.deviceId), req.slots)
     if (refused) return Either.left(refused)
     const inFlight = new Map<Source, number>()
     for (const a of active) inFlight.set(a.source, (inFlight.get(a.source) ?? 0) + 1)

@@ -224,7 +224,9 @@ export const ErrorBody = z
   .object({
     error: z.string(),
     message: z.string(),
-    issues: z.array(z.object({ path: z.array(z.union([z.string(), z.number()])), message: z.string() }).strict()).optional()
+    issues: z.array(z.object({ path: z.array(z.union([z.string(), z.number()])), message: z.string() }).strict()).optional(),
+    /** With `claim_rejected:slot_busy`: the caller's own active reservation that holds the slot, which it may release. */
+    holder: z.object({ reservationId: id, fence: z.number().int() }).strict().optional()
   })
   .strict()
 /** An error body. */

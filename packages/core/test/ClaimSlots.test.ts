@@ -15,7 +15,7 @@ describe("Claim.refuseSlots", () => {
       )
     ],
     ([[slots, busy, requested]]) => {
-      const refused = Claim.refuseSlots(slots, busy, requested)
+      const refused = Claim.refuseSlots(slots, busy.map((slot) => ({ slot, reservationId: 100 + slot, fence: 7 })), requested)
       const firstBad = requested.findIndex((s, i) => s < 0 || s >= slots || busy.includes(s) || requested.indexOf(s) < i)
       if (refused === undefined) {
         expect(firstBad).toBe(-1)
@@ -24,6 +24,8 @@ describe("Claim.refuseSlots", () => {
         expect(firstBad).toBeGreaterThanOrEqual(0)
         const s = requested[firstBad]
         expect(refused.reason).toBe(s < 0 || s >= slots ? "capacity" : "slot_busy")
+        // a slot an active reservation holds names it; a slot listed twice names none
+        expect(refused.holder).toEqual(busy.includes(s) ? { reservationId: 100 + s, fence: 7 } : undefined)
       }
     }
   )

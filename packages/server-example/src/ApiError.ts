@@ -12,6 +12,8 @@ export class ApiError extends Data.TaggedError("ApiError")<{
   readonly error: string
   readonly message: string
   readonly issues?: ReadonlyArray<Issue>
+  /** The caller's own reservation that holds the slot a claim asked for (`claim_rejected:slot_busy`). */
+  readonly holder?: Errors.SlotHolder
   /** Seconds after which a retry may succeed (sent as `Retry-After`). */
   readonly retryAfter?: number
   /** Close the connection after answering: the rest of the request was left unread. */
@@ -23,7 +25,7 @@ export class ApiError extends Data.TaggedError("ApiError")<{
 /** The response of a refusal. */
 export const toResponse = (e: ApiError): HttpServerResponse.HttpServerResponse =>
   HttpServerResponse.unsafeJson(
-    { error: e.error, message: e.message, ...(e.issues ? { issues: e.issues } : {}) },
+    { error: e.error, message: e.message, ...(e.issues ? { issues: e.issues } : {}), ...(e.holder ? { holder: e.holder } : {}) },
     {
       status: e.status,
       headers: {
@@ -65,7 +67,13 @@ export const forbidden = (message: string) => new ApiError({ status: 403, error:
  * ClaimRejected 409, ReservationRefused 403, ProgressRejected 422, NotFound 404.
  */
 export const fromClaimRejected = (e: Errors.ClaimRejected) =>
-  new ApiError({ status: 409, error: `claim_rejected:${e.reason}`, message: e.message, issues: e.reason === "capacity" || e.reason === "slot_busy" ? [{ path: ["slot"], message: e.message }] : undefined })
+  new ApiError({
+    status: 409,
+    error: `claim_rejected:${e.reason}`,
+    message: e.message,
+    issues: e.reason === "capacity" || e.reason === "slot_busy" ? [{ path: ["slot"], message: e.message }] : undefined,
+    holder: e.holder
+  })
 
 /** See `fromClaimRejected`. */
 export const fromReservationRefused = (e: Errors.ReservationRefused) =>

@@ -47,7 +47,10 @@ export const worker: ReadonlyArray<Endpoint> = [
     body: WorkerApi.ClaimRequest,
     example: { slot: 0, waitMs: 9000 },
     response: { status: 200, schema: WorkerApi.ClaimResponse },
-    errors: ["400 `slot` at or above the device's slot count", "409 `claim_rejected:slot_busy` | `claim_rejected:capacity` | `claim_rejected:source_cap`"]
+    errors: [
+      "400 `slot` at or above the device's slot count",
+      "409 `claim_rejected:slot_busy` | `claim_rejected:capacity` | `claim_rejected:source_cap`; `slot_busy` for a slot one of the device's reservations holds names it in `holder` (`reservationId`, `fence`): a device that does not know it (the claim's answer was lost, or its local state was) can release it rather than wait for its assignment expiry"
+    ]
   },
   {
     method: "POST",
@@ -432,7 +435,7 @@ Every endpoint is versioned under \`/v1\`, takes and returns JSON, and is descri
 
 ## Errors
 
-Every refusal has this body; \`issues\` names the field at fault where there is one (an unknown field is reported at its own path).
+Every refusal has this body; \`issues\` names the field at fault where there is one (an unknown field is reported at its own path), and \`holder\` the caller's own reservation that holds the slot a claim asked for (\`claim_rejected:slot_busy\`).
 
 ${schemaBlock("Error body:", WorkerApi.ErrorBodySchema, "output")}
 | status | \`error\` | when |

@@ -603,8 +603,8 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         const [d] = yield* sql<Row>`SELECT id, slots, revoked_at FROM devices WHERE id = ${req.deviceId}${forUpdate}`
         if (!d || d.revoked_at !== null) return yield* unknown
         const slots = Number(d.slots)
-        const mine = yield* sql<{ slot: number }>`SELECT slot FROM assignments WHERE device_id = ${req.deviceId} AND state = 'active'`
-        const refused = Claim.refuseSlots(slots, mine.map((a) => Number(a.slot)), req.slots)
+        const mine = yield* sql<{ slot: number; reservation_id: number; fence: number }>`SELECT slot, reservation_id, fence FROM assignments WHERE device_id = ${req.deviceId} AND state = 'active'`
+        const refused = Claim.refuseSlots(slots, mine.map((a) => ({ slot: Number(a.slot), reservationId: Number(a.reservation_id), fence: Number(a.fence) })), req.slots)
         if (refused) return yield* refused
         if (req.slots.length === 0) return []
         if (req.sourceCap === undefined && isPg && fastClaimable(req, req.slots)) {

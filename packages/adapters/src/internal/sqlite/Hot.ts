@@ -147,11 +147,11 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
     const unknown = () => new Refusal(new Errors.ClaimRejected({ reason: "unknown_device", message: `device ${req.deviceId} is not registered or was revoked` }))
     if (!isId(req.deviceId)) throw unknown()
     // One row per active reservation of the device (its slot), or one with a null slot when it has none.
-    const held = st.device.all(req.deviceId) as Array<[slots: number, revokedAt: number | null, slot: number | null]>
+    const held = st.device.all(req.deviceId) as Array<[slots: number, revokedAt: number | null, slot: number | null, reservationId: number, fence: number]>
     if (held.length === 0 || held[0][1] !== null) throw unknown()
     const d = { slots: held[0][0] }
-    const busy: Array<number> = []
-    for (const r of held) if (r[2] !== null) busy.push(r[2])
+    const busy: Array<Claim.Held> = []
+    for (const r of held) if (r[2] !== null) busy.push({ slot: r[2], reservationId: r[3], fence: r[4] })
     const refused = Claim.refuseSlots(d.slots, busy, req.slots)
     if (refused) throw new Refusal(refused)
     const known = policies.get(req.config)
@@ -259,7 +259,7 @@ const statements = (db: Sqlite.Database) => {
   const claimSet = `status = 'in_progress', covered_remote_at = observed_remote_at, fence = fence + 1, last_scan_started_at = @now, attempts = attempts + 1`
   return {
     device: db
-      .prepare("SELECT d.slots, d.revoked_at, a.slot FROM devices d LEFT JOIN assignments a ON a.device_id = d.id AND a.state = 'active' WHERE d.id = ?")
+      .prepare("SELECT d.slots, d.revoked_at, a.slot, a.reservation_id, a.fence FROM devices d LEFT JOIN assignments a ON a.device_id = d.id AND a.state = 'active' WHERE d.id = ?")
       .raw(true),
     // core's Claim.claim in one statement on the first pending target in claim order (Priority).
     pick: db.prepare(`
