@@ -148,6 +148,47 @@ describe("network faults between a worker and its server", () => {
     expect(t.w.output()).toContain("retry")
   })
 
+  it("a claim's answer lost after the server committed it: the retry is refused slot_busy naming the reservation, and the worker releases it and claims again at once instead of idling the slot until the expiry", async () => {
+    // An expiry of 15 minutes: a slot left to wait for it would idle past the test.
+    await applyConfig(server.url, { scan: 30, upload: 30, ttl: 900 })
+    await seed([`net/lost-claim-${Date.now()}`])
+    const d = await addDevice(server.url, "lost-claim", 1)
+    const proxy = await Proxy.start(server.url)
+    proxies.push(proxy)
+    proxy.dropAfterCommit((m, p) => m === "POST" && p === "/v1/assignments/claim", 1)
+    const state = join(dir, "lost-claim.db")
+    const w = await startWorker({ server: proxy.url, token: d.token, state, scanner: `module:${runner}`, env: { SCANFLEET_PARK_DIR: parkDir } })
+    procs.push(w)
+    const rec = await until("a receipt", () => peek(state, async (s) => (await s.assignments({ limit: 5 })).find((x) => x.receipt !== null)), 30_000).catch((e) => {
+      throw new Error(`${(e as Error).message}\nproxy: ${JSON.stringify(proxy.log)}\nworker: ${w.output().slice(-3000)}`)
+    })
+    // The first claim was committed and answered 200, but the device never heard; its retry was refused, the
+    // reservation released, and the next claim took a target.
+    const calls = proxy.log.filter((l) => l.path.startsWith("/v1/assignments/claim") || l.path.endsWith("/release"))
+    expect(calls.slice(0, 4).map((l) => [l.path.replace(/assignments\/\d+/, "assignments/N"), l.status, l.dropped])).toEqual([
+      ["/v1/assignments/claim", 200, true],
+      ["/v1/assignments/claim", 409, false],
+      ["/v1/assignments/N/release", 200, false],
+      ["/v1/assignments/claim", 200, false]
+    ])
+    const released = (await call(server.url, "GET", "/v1/admin/assignments?state=released&limit=1000", { token: adminToken })).body.assignments.filter(
+      (a: { deviceId: number }) => a.deviceId === d.id
+    )
+    expect(released).toHaveLength(1)
+    const lost = released[0].reservationId as number
+    expect(lost).toBeLessThan(rec.reservationId)
+    expect(calls[2].path).toBe(`/v1/assignments/${lost}/release`)
+    // The device never ran it: its local state has no record of it, and the server heard no event of it.
+    expect(await peek(state, (s) => s.assignment(lost))).toBeNull()
+    expect((await detail(lost)).timeline).toEqual([])
+    const line = w
+      .output()
+      .split("\n")
+      .find((l) => l.includes('"message":"released"'))
+    expect(line).toContain("the answer to this slot's claim was lost after the server had taken it")
+    expect(w.output()).not.toContain("is busy at the server")
+  })
+
   it("answers lost after the server committed (progress and result): the worker retries and gets the original acceptance and receipt; nothing is stored twice", async () => {
     await applyConfig(server.url, { scan: 30, upload: 30, ttl: 90 })
     await seed([`net/lossy-${Date.now()}`])

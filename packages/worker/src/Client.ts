@@ -17,6 +17,8 @@ export class ApiRefused extends Data.TaggedError("ApiRefused")<{
   readonly status: number
   readonly error: string
   readonly message: string
+  /** With `claim_rejected:slot_busy`: the device's own reservation that holds the slot. */
+  readonly holder?: WorkerApi.ErrorBody["holder"]
 }> {}
 
 /** A failed call. */
@@ -84,7 +86,8 @@ export const make = (opts: Options): Client => {
         return yield* new ApiRefused({
           status: res.status,
           error: parsed.success ? parsed.data.error : `http_${res.status}`,
-          message: parsed.success ? parsed.data.message : res.text.slice(0, 500)
+          message: parsed.success ? parsed.data.message : res.text.slice(0, 500),
+          ...(parsed.success && parsed.data.holder ? { holder: parsed.data.holder } : {})
         })
       }
       const parsed = schema.safeParse(safeJson(res.text))

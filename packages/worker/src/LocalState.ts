@@ -433,8 +433,8 @@ export const make = (file: string, options: Options = {}): Effect.Effect<Service
           ]),
           {
             lost:
-              "the device no longer knows this reservation: it delivers and releases nothing of it (its undelivered events and result are marked abandoned), " +
-              "and the server ends it at its assignment expiry, refusing claims on its slot (slot_busy) until then",
+              "the device no longer knows this reservation: it delivers nothing of it (its undelivered events and result are marked abandoned); " +
+              "it is released when its slot next claims and the server names it (slot_busy), so its target goes back to the queue",
             rows: [] as ReadonlyArray<AssignmentRecord>
           }
         )
@@ -664,7 +664,7 @@ export const make = (file: string, options: Options = {}): Effect.Effect<Service
   })
 
 const unreadable =
-  "what it held cannot be read: a reservation it held ends at the server at its assignment expiry, which refuses claims on its slot until then (slot_busy), " +
+  "what it held cannot be read: a reservation it held is released when its slot next claims and the server names it (slot_busy), " +
   "and the events and results it had not delivered are lost"
 
 /** What a damaged file SQLite can still open held, as far as it can be read. */
@@ -676,7 +676,7 @@ const lostIn = (db: Sqlite.Database): string => {
       open.length === 0
         ? "it held no open reservation"
         : `${open.length} reservation(s) it held (${open.slice(0, 20).map((a) => `${a.reservation_id} of fleet ${a.fleet_id}`).join(", ")}${open.length > 20 ? ", ..." : ""}) ` +
-          "end at the server at their assignment expiry, which refuses claims on their slots until then (slot_busy)"
+          "are released when their slots next claim and the server names them (slot_busy)"
     return `${held}; ${n} event(s) and result(s) it had not delivered are lost`
   } catch {
     // The damage reaches the tables themselves.

@@ -46,7 +46,7 @@ export const eventLogger =
     const { type, ...rest } = e
     // A line's time is the wall clock's: the event's own `at` is on the device clock (or, registering, the server's).
     const { at: _deviceTime, message, ...fields } = rest as Record<string, unknown>
-    const level: LogLine.Level = type === "error" ? "error" : type === "retry" ? "warning" : "info"
+    const level: LogLine.Level = type === "error" ? "error" : type === "retry" || type === "released" ? "warning" : "info"
     write(LogLine.format({ time: Date.now(), level, message: type, fields: message === undefined ? fields : { ...fields, error: message } }, format))
   }
 
@@ -73,6 +73,8 @@ export type DeviceEvent =
   | { readonly type: "recovered"; readonly fleetId: string; readonly reservationId: number; readonly phase: PhaseModel.Phase | null; readonly killed: ReadonlyArray<number> }
   | { readonly type: "delivered"; readonly fleetId: string; readonly reservationId: number; readonly delivered: Outbox.Delivered }
   | { readonly type: "retry"; readonly reservationId: number; readonly message: string }
+  /** A reservation the server held on a slot of this device, unknown to its local state, given back; `message` says why. */
+  | { readonly type: "released"; readonly slot: number; readonly fleetId: string; readonly reservationId: number; readonly message: string }
   | { readonly type: "error"; readonly message: string }
 
 /** Device options. */
@@ -870,48 +872,76 @@ const program = (
      * One claim: an assignment with the device time its request was sent
      * (each retry measures its own), or null after a refusal or when nothing is pending.
      */
-    const claimOnce = (slot: number) =>
+    const claimOnce = (slot: number) => {
+      // The last attempt that got no answer: the server may have committed it.
+      let unanswered: string | null = null
       // The request itself is not interrupted: an assignment the server issued is run (or released), never dropped.
-      Effect.flatMap(now, (askedAt) => Effect.map(Effect.uninterruptible(client.claim(slot)), (view) => (view === null ? null : { view, askedAt }))).pipe(
-        Effect.tapError((e) => (e._tag === "ApiUnreachable" ? emit({ type: "retry", reservationId: 0, message: `claim for slot ${slot}: ${e.message}` }) : Effect.void)),
+      return Effect.flatMap(now, (askedAt) => Effect.map(Effect.uninterruptible(client.claim(slot)), (view) => (view === null ? null : { view, askedAt }))).pipe(
+        Effect.tapError((e) =>
+          e._tag === "ApiUnreachable"
+            ? Effect.zipRight(
+                Effect.sync(() => (unanswered = e.message)),
+                emit({ type: "retry", reservationId: 0, message: `claim for slot ${slot}: ${e.message}` })
+              )
+            : Effect.void
+        ),
         Effect.retry({ schedule: reachBackoff, while: (e) => e._tag === "ApiUnreachable" }),
         Effect.tap(() => Effect.sync(() => unknownHolder.delete(slot))),
         Effect.catchAll((e) =>
           // A slot whose last reservation still awaits its result is busy at the server for a moment; anything else needs an operator.
           e._tag === "ApiRefused" && /slot_busy|capacity/.test(e.error)
-            ? Effect.as(e.error.endsWith("slot_busy") ? busyUnknown(slot, e.message) : Effect.void, null)
+            ? Effect.as(e.error.endsWith("slot_busy") ? busyUnknown(slot, e, unanswered) : Effect.void, null)
             : Effect.as(emit({ type: "error", message: `claim for slot ${slot} refused: ${e._tag === "ApiRefused" ? `${e.status} ${e.error}: ` : ""}${e.message}` }), null)
         )
       )
+    }
 
     // Slots the server holds busy for a reservation the local state does not know, already said in the log.
     const unknownHolder = new Set<number>()
     /**
-     * A slot the server holds busy while no open assignment of this device is on it: the local state
-     * lost the reservation (a deleted or replaced state file, a damaged one set aside, a damaged record),
-     * and the refusal does not say which one it is, so the slot idles until the server expires it. Said
-     * once per slot, until it claims again.
+     * A slot the server holds busy while no open assignment of this device is on it, for a reservation
+     * the local state has no record of: the answer to this slot's claim was lost after the server
+     * committed it (`unanswered`), or the local state lost the reservation (a deleted or replaced state
+     * file, a damaged one set aside, a damaged record). Nothing of this device runs it, so the device
+     * releases it, naming why, and its target goes back to the queue; the slot claims again at its next
+     * poll. A refusal that names no reservation (an older server) or a release that fails leaves the slot
+     * idle until the server expires the reservation, said once per slot until it claims again.
      */
-    const busyUnknown = (slot: number, message: string) =>
+    const busyUnknown = (slot: number, refused: Client.ApiRefused, unanswered: string | null) =>
       Effect.gen(function* () {
-        if (unknownHolder.has(slot)) return
         const open = yield* Effect.orElseSucceed(state.assignments({ open: true }), () => [])
         if (open.some((a) => a.slot === slot)) return
-        unknownHolder.add(slot)
         const reset = yield* Effect.orElseSucceed(state.reset, () => null)
         const damaged = yield* Effect.orElseSucceed(state.damagedRows(100), () => ({ total: 0, rows: [] }))
         const record = damaged.rows.find((r) => r.table === "assignments")
         const why =
-          reset !== null
-            ? `the state file was started afresh at ${clockIso(reset.at)}, its damaged predecessor set aside as ${reset.setAsideAs}.`
-            : record !== undefined
-              ? `the record of a reservation of this device (${record.key}) was damaged and set aside at ${clockIso(record.at)}.`
-              : "was the state file replaced or deleted?"
+          unanswered !== null
+            ? `the answer to this slot's claim was lost after the server had taken it (${unanswered}).`
+            : reset !== null
+              ? `the state file was started afresh at ${clockIso(reset.at)}, its damaged predecessor set aside as ${reset.setAsideAs}.`
+              : record !== undefined
+                ? `the record of a reservation of this device (${record.key}) was damaged and set aside at ${clockIso(record.at)}.`
+                : "was the state file replaced or deleted?"
+        const holder = refused.holder
+        const fleetId = yield* SubscriptionRef.get(fleet)
+        // Released only when the local state can say it has no record of the reservation.
+        const known = holder === undefined || fleetId === null ? true : yield* Effect.orElseSucceed(Effect.map(state.assignment({ fleetId, reservationId: holder.reservationId }), (a) => a !== null), () => true)
+        let releaseFailed = ""
+        if (holder !== undefined && fleetId !== null && !known) {
+          const released = yield* Effect.either(client.release(holder.reservationId, { fence: holder.fence }))
+          if (released._tag === "Right") {
+            unknownHolder.delete(slot)
+            return yield* emit({ type: "released", slot, fleetId, reservationId: holder.reservationId, message: `its local state has no record of it: ${why} Its target goes back to the queue` })
+          }
+          releaseFailed = ` Releasing it failed (${released.left._tag === "ApiRefused" ? `${released.left.status} ${released.left.error}: ` : ""}${released.left.message}).`
+        }
+        if (unknownHolder.has(slot)) return
+        unknownHolder.add(slot)
         yield* emit({
           type: "error",
           message:
-            `slot ${slot} is busy at the server with a reservation this device's local state does not know (${message}); ` +
-            `${why} The slot stays idle until the server expires that reservation, or an operator cancels it`
+            `slot ${slot} is busy at the server with a reservation this device's local state does not know (${refused.message}); ` +
+            `${why}${releaseFailed} The slot stays idle until the server expires that reservation, or an operator cancels it`
         })
       })
 

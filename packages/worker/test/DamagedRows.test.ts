@@ -71,7 +71,7 @@ describe("damaged rows in a device's state file", () => {
     expect(said("results", `fleet ${fleetId}, reservation ${id}`)).toHaveLength(1)
     for (const seq of [pending[1], pending.at(-1)]) expect(said("events", `fleet ${fleetId}, reservation ${id}, sequence ${seq}`)).toHaveLength(1)
     expect(said("slots", "slot 0")).toHaveLength(1)
-    expect(said("assignments", `fleet ${fleetId}, reservation 999`)[0]).toContain("the server ends it at its assignment expiry")
+    expect(said("assignments", `fleet ${fleetId}, reservation 999`)[0]).toContain("it is released when its slot next claims and the server names it (slot_busy)")
     expect(r.out).not.toContain("SECRET")
     // Kept, as they were, for a person to look at.
     const kept = edit(stranded.state, (db) => db.prepare("SELECT table_name, row FROM damaged_rows ORDER BY n").all() as Array<{ table_name: string; row: string }>)
@@ -110,9 +110,9 @@ describe("damaged rows in a device's state file", () => {
     expect(`${status.stdout}${status.stderr}${history.stdout}${history.stderr}${again.stdout}`).not.toContain("SECRET")
   })
 
-  it("the damaged record of a reservation the device holds: set aside alone, its slot refused until the server expires the reservation (said once, naming the record), while the other slot scans", async () => {
-    // The held target's scan outlasts the test (demo:held sleeps an hour on it); its reservation expires 12 s after the claim.
-    const fleet = await Fleet.start({ scanSeconds: 6, uploadSeconds: 5, ttlSeconds: 12, slots: 2 })
+  it("the damaged record of a reservation the device holds: set aside alone; the server names the reservation when its slot claims and the device releases it (said once, naming the record), while the other slot scans", async () => {
+    // The held target's scan outlasts the test (demo:held sleeps an hour on it); its reservation would expire 10 minutes after the claim.
+    const fleet = await Fleet.start({ scanSeconds: 6, uploadSeconds: 5, ttlSeconds: 600, slots: 2 })
     defer(() => fleet.close())
     await fleet.seed(["acme/held-record"])
     const state = join(dir, "held-record.db")
@@ -126,16 +126,19 @@ describe("damaged rows in a device's state file", () => {
 
     await fleet.seed(["acme/beside-the-record"])
     const second = runDevice(fleet, state, "demo:held", defer, { slots: 2 })
-    expect((await fleet.settled(held.reservationId + 1)).outcome).toMatch(/^(clean|findings)$/)
-    const busy = await Poll.until("the busy slot in the log", () => second.out().split("\n").filter((l) => l.includes(`slot ${held.slot} is busy at the server`)), 30_000, 50)
-    expect(busy[0]).toContain(`the record of a reservation of this device (fleet ${held.fleetId}, reservation ${held.reservationId}) was damaged and set aside`)
-    // Its journal, intact, is kept; nothing of it is waiting to be sent, and the server heard nothing more of it until its expiry.
+    expect((await fleet.settled(await fleet.reservationOf("acme/beside-the-record"))).outcome).toMatch(/^(clean|findings)$/)
+    const released = () => second.out().split("\n").filter((l) => l.includes('"message":"released"') && l.includes(`"slot":${held.slot}`))
+    await Poll.until("the release in the log", () => released().length > 0, 30_000, 50)
+    expect(released()[0]).toContain(`the record of a reservation of this device (fleet ${held.fleetId}, reservation ${held.reservationId}) was damaged and set aside`)
+    // Its journal, intact, is kept; nothing of it is waiting to be sent, and the server heard nothing more of it before the release.
     const journal = await peek(state, (s) => s.journal({ fleetId: held.fleetId, reservationId: held.reservationId }))
     expect(journal.length).toBeGreaterThan(0)
     expect(journal.filter((e) => e.delivery === "pending")).toEqual([])
-    const expired = await Poll.until("the held reservation to expire", () => fleet.assignment(held.reservationId).then((a) => (a.state === "expired" ? a : null)), 30_000, 100)
-    expect(expired.lastSeq).toBe(lastSeq)
-    expect(second.out().split("\n").filter((l) => l.includes(`slot ${held.slot} is busy at the server`))).toHaveLength(1)
+    const ended = await fleet.assignment(held.reservationId)
+    expect(ended.state).toBe("released")
+    expect(ended.lastSeq).toBe(lastSeq)
+    expect(released()).toHaveLength(1)
+    expect(second.out()).not.toContain("is busy at the server")
     second.p.kill("SIGTERM")
     expect((await second.p).exitCode).toBe(0)
   })

@@ -59,10 +59,10 @@ describe("a state file damaged while the device was down", () => {
   ]
 
   it.each(damages)(
-    "a state file %s is set aside and the device starts afresh, saying what was lost; the reservation it held is not run again and frees its slot at its expiry",
+    "a state file %s is set aside and the device starts afresh, saying what was lost; the reservation it held is not run again: the device releases it and its slot claims again",
     async (_, code, damage) => {
-      // The held target's scan outlasts the test (demo:held sleeps an hour on it); its reservation expires 12 s after the claim.
-      const fleet = await Fleet.start({ scanSeconds: 6, uploadSeconds: 5, ttlSeconds: 12, slots: 2 })
+      // The held target's scan outlasts the test (demo:held sleeps an hour on it); its reservation would expire 10 minutes after the claim.
+      const fleet = await Fleet.start({ scanSeconds: 6, uploadSeconds: 5, ttlSeconds: 600, slots: 2 })
       defer(() => fleet.close())
       await fleet.seed(["acme/held"])
       const state = join(dir, `whole-${++n}.db`)
@@ -83,24 +83,27 @@ describe("a state file damaged while the device was down", () => {
       const [line] = logged(second, "error", `the state file ${state} was damaged`)
       expect(line).toContain(`(${code}`)
       expect(line).toContain("started afresh")
-      expect(line).toMatch(/Lost with it: .*at (its|their) assignment expiry/)
+      expect(line).toMatch(/Lost with it: .*released when (its slot|their slots) next claim/)
       // Set aside, byte for byte, never deleted.
       const [aside] = asideOf(state)
       expect(readFileSync(aside).equals(damaged), "the set-aside file holds the damaged bytes").toBe(true)
       expect(line).toContain(`set aside as ${aside}`)
 
       // The other slot works: the new target is scanned and delivered.
-      expect((await fleet.settled(2)).outcome).toMatch(scanned)
-      // The slot of the lost reservation is refused until its expiry, said once with the reset's reason.
-      await Poll.until("the busy slot in the log", () => logged(second, "error", "slot 0 is busy at the server").length > 0, 30_000)
-      expect(logged(second, "error", "slot 0 is busy at the server")[0]).toContain(`its damaged predecessor set aside as ${aside}`)
-      // The held reservation ran on at no point: the server heard nothing more of it, and it expired.
-      const expired = await Poll.until("the held reservation to expire", () => fleet.assignment(1).then((a) => (a.state === "expired" ? a : null)), 30_000, 100)
-      expect(expired.lastSeq).toBe(held.lastSeq)
+      expect((await fleet.settled(await fleet.reservationOf("acme/after"))).outcome).toMatch(scanned)
+      // The server names the lost reservation when its slot claims; the device releases it, said once with the reset's reason.
+      await Poll.until("the release in the log", () => logged(second, "warning", '"message":"released"').length > 0, 30_000)
+      expect(logged(second, "warning", '"message":"released"')[0]).toContain(`its damaged predecessor set aside as ${aside}`)
+      // The held reservation ran on at no point: the server heard nothing more of it before the release.
+      const released = await fleet.assignment(1)
+      expect(released.state).toBe("released")
+      expect(released.lastSeq).toBe(held.lastSeq)
       expect(await peek(state, (s) => s.assignment(1))).toBeNull()
-      // ... and its slot claims again.
+      // ... and its slot claims again, long before the reservation's expiry.
       await fleet.seed(["acme/later"])
       await Poll.until("slot 0 to claim again", () => second.out().split("\n").some((l) => l.includes('"message":"claimed"') && l.includes('"slot":0')), 30_000)
+      expect(logged(second, "warning", '"message":"released"')).toHaveLength(1)
+      expect(second.out()).not.toContain("is busy at the server")
       expect(logged(second, "error", `the state file ${state} was damaged`)).toHaveLength(1)
 
       const shown = await status(state)

@@ -27,6 +27,8 @@ export interface Fleet {
   readonly assignment: (reservationId: number) => Promise<{ state: string; outcome: string | null; finalPhase: string | null; expiresAt: number; lastSeq: number }>
   /** The server's view of a reservation once its result is accepted (polled, also while it is not claimed yet; fails after `ms`). */
   readonly settled: (reservationId: number, ms?: number) => Promise<{ state: string; outcome: string | null; finalPhase: string | null; expiresAt: number; lastSeq: number }>
+  /** The newest reservation of a github target, once it is claimed (polled; fails after `ms`). */
+  readonly reservationOf: (identity: string, ms?: number) => Promise<number>
   /** Every finding the server stored. */
   readonly findings: () => Promise<ReadonlyArray<{ readonly detector: string; readonly path: string; readonly fingerprint: string; readonly preview: string; readonly details: unknown }>>
   /** An operator cancels a reservation through the admin API. */
@@ -84,6 +86,19 @@ export const start = async (opts: {
               Effect.map((x) => (x.outcome !== null ? x : null)),
               Effect.catchTag("NotFound", () => Effect.succeed(null))
             )
+          ),
+        ms,
+        50
+      ),
+    reservationOf: (identity, ms = 30_000) =>
+      Poll.until(
+        `a claim of ${identity}`,
+        () =>
+          rt.runPromise(
+            Effect.map(store.listAssignments({ limit: 1000 }), (all) => {
+              const mine = all.filter((a) => a.identity === identity).map((a) => a.reservationId)
+              return mine.length === 0 ? null : Math.max(...mine)
+            })
           ),
         ms,
         50
