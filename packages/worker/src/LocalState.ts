@@ -2,7 +2,7 @@ import { Migrator, SqlClient, type SqlError } from "@effect/sql"
 import { SqliteClient } from "@effect/sql-sqlite-node"
 import { Assignment, PhaseModel, WorkerApi } from "@scanfleet/core"
 import Sqlite from "better-sqlite3"
-import { Cause, Context, Data, Effect, Either, Exit, Layer, ManagedRuntime } from "effect"
+import { Cause, Context, Data, Deferred, Effect, Either, Exit, Layer, ManagedRuntime } from "effect"
 import { existsSync, statSync } from "node:fs"
 import { z } from "zod"
 import * as Damage from "./internal/Damage.js"
@@ -272,6 +272,12 @@ export class State extends Context.Tag("@scanfleet/worker/LocalState")<
     readonly reset: Effect.Effect<Reset | null, StateError>
     /** Records the damaged file this one replaced. */
     readonly putReset: (r: Reset) => Effect.Effect<void, StateError>
+    /**
+     * Waits until SQLite first answers an operation that the file itself is damaged (`SQLITE_CORRUPT`,
+     * `SQLITE_NOTADB`), and returns that failure: damage that appeared while the file was open, which
+     * no retry mends (the next open sets the file aside).
+     */
+    readonly fileDamaged: Effect.Effect<StateError>
   }
 >() {}
 
@@ -337,8 +343,13 @@ export const migrate: Effect.Effect<ReadonlyArray<readonly [id: number, name: st
 }).pipe(Effect.mapError((cause) => new StateError({ reason: "io", message: `the state file could not be migrated: ${cause.message}`, cause })))
 
 // The driver's words ("database or disk is full") are what an operator acts on: they follow the SqlError's.
-const io = (cause: SqlError.SqlError) =>
-  new StateError({ reason: "io", message: cause.cause instanceof Error ? `${cause.message}: ${cause.cause.message}` : cause.message, cause })
+// SQLite's answer that the file itself is damaged is `damaged`, with its code.
+const ioError = (cause: SqlError.SqlError) => {
+  const damage = Damage.sqliteDamage(cause)
+  return damage !== null
+    ? new StateError({ reason: "damaged", message: `the state file is damaged (${damage.code}: ${damage.message})`, cause })
+    : new StateError({ reason: "io", message: cause.cause instanceof Error ? `${cause.message}: ${cause.cause.message}` : cause.message, cause })
+}
 // A value the worker is about to write that does not parse is its own bug: refused, never written.
 const parse = <S extends z.ZodType>(schema: S, value: unknown, what: string): Effect.Effect<z.output<S>, StateError> => {
   const r = schema.safeParse(value)
@@ -367,6 +378,13 @@ export interface Options {
 export const make = (file: string, options: Options = {}): Effect.Effect<Service, StateError, SqlClient.SqlClient> =>
   Effect.gen(function* () {
     const sql = yield* SqlClient.SqlClient
+    // The first failure that says the file is damaged, for whoever waits on `fileDamaged`.
+    const damagedFile = yield* Deferred.make<StateError>()
+    const io = (cause: SqlError.SqlError) => {
+      const e = ioError(cause)
+      if (e.reason === "damaged") Deferred.unsafeDone(damagedFile, Exit.succeed(e))
+      return e
+    }
     const q = <A>(e: Effect.Effect<A, SqlError.SqlError>) => Effect.mapError(e, io)
     const onDamaged = options.onDamaged ?? (() => Effect.void)
     yield* q(sql.unsafe("PRAGMA busy_timeout = 5000"))
@@ -658,7 +676,8 @@ export const make = (file: string, options: Options = {}): Effect.Effect<Service
           return { total: n, rows: rows.map((r) => ({ at: r.at, table: r.table_name, key: r.row_key, problem: r.problem, lost: r.lost })) }
         }),
       reset: metaRow("reset", ResetSchema, "the record of an earlier reset of the state file is lost"),
-      putReset: (r) => Effect.flatMap(parse(ResetSchema, r, "the reset record"), (checked) => putMeta("reset", checked))
+      putReset: (r) => Effect.flatMap(parse(ResetSchema, r, "the reset record"), (checked) => putMeta("reset", checked)),
+      fileDamaged: Deferred.await(damagedFile)
     }
     return service
   })

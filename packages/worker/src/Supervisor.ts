@@ -123,7 +123,10 @@ export interface Options {
 /** Another controller runs on the same state file; starting a second one would kill its scans. */
 export class StateInUse extends Data.TaggedError("StateInUse")<{ readonly file: string; readonly pid: number; readonly message: string }> {}
 
-/** The state file or its stage folder vanished (deleted, or replaced) under a running controller: nothing it runs could be recorded or delivered. */
+/**
+ * The state file or its stage folder vanished (deleted, or replaced) under a running controller, or
+ * SQLite answered that the file is damaged: nothing it runs could be recorded or delivered.
+ */
 export class StateGone extends Data.TaggedError("StateGone")<{ readonly file: string; readonly message: string }> {}
 
 /** Why a device could not start. */
@@ -363,6 +366,7 @@ const program = (
     const stateIno = statSync(opts.state, { throwIfNoEntry: false })?.ino
     const fatal = yield* Deferred.make<never, StateGone>()
     const stateGone = Effect.gen(function* () {
+      if (yield* Deferred.isDone(fatal)) return true
       const seen = statSync(opts.state, { throwIfNoEntry: false })
       const gone = seen === undefined || seen.ino !== stateIno ? opts.state : existsSync(stageDir) ? null : stageDir
       if (gone === null) return false
@@ -371,6 +375,14 @@ const program = (
       yield* Deferred.fail(fatal, new StateGone({ file: gone, message }))
       return true
     })
+    // Damage SQLite finds while the controller runs stops it, said once: every later write would fail too, and
+    // each claim would hold a reservation nothing records. The next start sets the file aside and starts afresh.
+    yield* Effect.forkScoped(
+      Effect.flatMap(state.fileDamaged, (e) => {
+        const message = `${e.message} while the controller ran: ${opts.state}; stopping (the next start sets it aside and starts a fresh one)`
+        return Effect.zipRight(emit({ type: "error", message }), Deferred.fail(fatal, new StateGone({ file: opts.state, message })))
+      })
+    )
     // The fleet is in the name: a reservation id alone repeats across databases.
     const stageFileOf = (k: LocalState.Key) => join(stageDir, `${k.fleetId}-r${k.reservationId}.json`)
     /** Removes an assignment's stage file, and the unit's half-written one, once nothing can come of them. */

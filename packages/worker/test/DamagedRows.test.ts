@@ -63,7 +63,7 @@ describe("damaged rows in a device's state file", () => {
     expect(timeline.map((e) => e.seq)).toEqual(timeline.map((_, i) => i + 1))
     expect(had.has(pending.at(-1)!), "the last entry was journaled after the network went down").toBe(false)
     for (const seq of [pending[1], pending.at(-1)!].filter((x) => !had.has(x)))
-      expect(timeline.find((e) => e.seq === seq)?.detail).toContain(`this device's record of event ${seq} was damaged and set aside`)
+      expect(timeline.find((e) => e.seq === seq)?.detail ?? "", JSON.stringify({ seq, had: [...had], pending, timeline })).toContain(`this device's record of event ${seq} was damaged and set aside`)
     expect(timeline.find((e) => e.seq === pending.at(-1))?.phase, "the last entry's phase is the one its record kept").toBe("awaiting_receipt")
 
     const errors = r.out.split("\n").filter((l) => l.includes('"level":"error"'))

@@ -1,7 +1,7 @@
 import Sqlite from "better-sqlite3"
 import { execa } from "execa"
 import { randomBytes } from "node:crypto"
-import { existsSync, readdirSync, readFileSync, rmSync, statSync, truncateSync, writeFileSync } from "node:fs"
+import { closeSync, existsSync, openSync, readdirSync, readFileSync, rmSync, statSync, truncateSync, writeSync, writeFileSync } from "node:fs"
 import { basename, dirname, join } from "node:path"
 import { describe, expect, it, vi } from "vitest"
 import { useCleanups } from "./support/Cleanups.js"
@@ -125,6 +125,53 @@ describe("a state file damaged while the device was down", () => {
       expect(r.stderr).toContain("the next 'scanfleet-worker run' on it sets it aside")
     }
     expect(asideOf(state)).toEqual([])
+  })
+})
+
+describe("a state file damaged while the device runs", () => {
+  it("stops the controller at SQLite's first answer that the file is damaged, said once with its code, with a non-zero exit; the next start sets the file aside, releases what the server still held, and scans", async () => {
+    // The held target's scan outlasts the test (demo:held sleeps an hour on it); its reservation would expire 10 minutes after the claim.
+    const fleet = await Fleet.start({ scanSeconds: 6, uploadSeconds: 5, ttlSeconds: 600, slots: 2 })
+    defer(() => fleet.close())
+    await fleet.seed(["acme/held"])
+    const state = join(dir, `running-${++n}.db`)
+    const first = runDevice(fleet, state, "demo:held", defer, { slots: 2 })
+    await Poll.until("the held scan to start", () => peek(state, async (s) => (await s.assignments({ open: true })).find((a) => a.phase === "scanning")), 60_000)
+    // A disk fault under the open file: the pages of the assignments and events tables overwritten with garbage in
+    // the database file, once the device's log (WAL) holds no newer copy of them. Then a write through SQLite to
+    // the file's header, so the device's connection drops its cached pages at its next read and reads the garbage.
+    const db = new Sqlite(state)
+    await Poll.until("a checkpoint with the device idle", () => ((db.pragma("wal_checkpoint(TRUNCATE)") as Array<{ busy: number }>)[0].busy === 0 ? true : null), 10_000, 50)
+    const pageSize = db.pragma("page_size", { simple: true }) as number
+    const roots = db.prepare("SELECT rootpage FROM sqlite_master WHERE type = 'table' AND name IN ('assignments', 'events')").pluck().all() as Array<number>
+    const fd = openSync(state, "r+")
+    for (const page of roots) writeSync(fd, randomBytes(pageSize), 0, pageSize, (page - 1) * pageSize)
+    closeSync(fd)
+    db.pragma("user_version = 7")
+    db.close()
+    // The next claim is the device's next state write.
+    await fleet.seed(["acme/next"])
+    const exit = await Promise.race([first.p, new Promise<null>((r) => setTimeout(() => r(null), 30_000))])
+    expect(exit, "the controller stopped").not.toBeNull()
+    expect(exit!.exitCode).not.toBe(0)
+    const said = logged(first, "error", "while the controller ran")
+    expect(said).toHaveLength(1)
+    expect(said[0]).toContain(`the state file is damaged (SQLITE_CORRUPT`)
+    expect(said[0]).toContain("the next start sets it aside")
+
+    const second = runDevice(fleet, state, "demo:held", defer, { slots: 2 })
+    await Poll.until("the reset in the log", () => logged(second, "error", `the state file ${state} was damaged`).length > 0, 30_000)
+    expect(asideOf(state)).toHaveLength(1)
+    // Every reservation the first run held ends (released at its stop, or when the server names it to the second run).
+    const held = [await fleet.reservationOf("acme/held"), await fleet.reservationOf("acme/next")]
+    await Poll.until("the first run's reservations to end", async () => {
+      const views = await Promise.all(held.map((id) => fleet.assignment(id)))
+      return views.every((v) => v.state !== "active") ? views : null
+    }, 30_000, 100)
+    await fleet.seed(["acme/after"])
+    expect((await fleet.settled(await fleet.reservationOf("acme/after"))).outcome).toMatch(scanned)
+    second.p.kill("SIGTERM")
+    expect((await second.p).exitCode).toBe(0)
   })
 })
 
