@@ -96,6 +96,22 @@ export const make = (opts: Options): Effect.Effect<Outbox, never, Scope.Scope> =
             .pipe(Effect.either)
           if (sent._tag === "Left") {
             const e = sent.left
+            // A sequence the server already holds with other content: its copy is the timeline's, kept as it is
+            // (a stand-in for a damaged entry whose original reached the server before its answer was lost).
+            // Those are settled, and the rest of the batch goes again.
+            if (e._tag === "ApiRefused" && e.error === "progress_rejected:conflict") {
+              const held = yield* client.get(key.reservationId).pipe(Effect.either)
+              if (held._tag === "Left" && held.left._tag === "ApiUnreachable") {
+                yield* retry(key, held.left.message)
+                return yield* new Unreachable({ message: held.left.message })
+              }
+              const lastSeq = held._tag === "Right" ? held.right.lastSeq : 0
+              const settled = events.filter((ev) => ev.seq <= lastSeq).map((ev) => ev.seq)
+              if (settled.length > 0) {
+                yield* state.markEvents(key, settled, "acked", yield* Clock.currentTimeMillis, `the server already held sequence ${settled.length === 1 ? settled[0] : `${settled[0]} to ${settled.at(-1)}`}; its own copy is kept (${e.message})`.slice(0, 1000))
+                continue
+              }
+            }
             if (e._tag === "ApiRefused") {
               yield* refused(key, e)
               yield* state.markEvents(key, events.map((ev) => ev.seq), "refused", yield* Clock.currentTimeMillis, `${e.status} ${e.error}: ${e.message}`)

@@ -37,39 +37,47 @@ const edit = <A>(state: string, f: (db: Sqlite.Database) => A): A => {
 const cli = (command: string, state: string) => execa(process.execPath, [cliPath, command, "--state", state], { reject: false })
 
 describe("damaged rows in a device's state file", () => {
-  it("a damaged queued result, two damaged journal entries, a damaged slot and an unreadable assignment are each set aside alone: the scan's own result is delivered with its timeline whole", async () => {
+  it("a damaged queued result, two damaged journal entries (one the server already had), a damaged slot and an unreadable assignment are each set aside alone: the scan's own result is delivered with its timeline whole", async () => {
     const stranded = await Stranded.strand(dir, "acme/damaged-rows", defer)
     const { fleetId, reservationId: id } = stranded.assignment
+    // The newest event the server heard, as a lost answer leaves it: accepted there, still to be sent here.
+    const had = (await stranded.fleet.timeline(id)).map((e) => e.seq)
+    const atServer = had.at(-1)!
     // Each payload carries a marker that must never reach a log line.
-    const pending = edit(stranded.state, (db) => {
-      const seqs = (db.prepare("SELECT seq FROM events WHERE reservation_id = ? AND delivery = 'pending' ORDER BY seq").all(id) as Array<{ seq: number }>).map((e) => e.seq)
+    const last = edit(stranded.state, (db) => {
+      const seqs = (db.prepare("SELECT seq FROM events WHERE reservation_id = ? ORDER BY seq").all(id) as Array<{ seq: number }>).map((e) => e.seq)
       db.prepare("UPDATE results SET body = ? WHERE reservation_id = ?").run('{"fence":1,"outcome":"findings","findings":[{"secret":"SECRET-RESULT', id)
-      // one in the middle of what is still to be sent, and the last one
-      db.prepare("UPDATE events SET phase = 'SECRET-EVENT' WHERE reservation_id = ? AND seq IN (?, ?)").run(id, seqs[1], seqs.at(-1))
+      db.prepare("UPDATE events SET delivery = 'pending', acked_at = NULL WHERE reservation_id = ? AND seq >= ?").run(id, atServer)
+      // the one the server already had, and the last one
+      db.prepare("UPDATE events SET phase = 'SECRET-EVENT' WHERE reservation_id = ? AND seq IN (?, ?)").run(id, atServer, seqs.at(-1))
       db.prepare("UPDATE slots SET doc = 'SECRET-SLOT' WHERE slot = 0").run()
       db.prepare("INSERT INTO assignments (fleet_id, reservation_id, doc, status) VALUES (?, 999, ?, 'running')").run(fleetId, '{"view":{"token":"SECRET-ASSIGNMENT"')
-      return seqs
+      return seqs.at(-1)!
     })
+    expect(last, "the last entry was journaled after the network went down").toBeGreaterThan(atServer)
+    const pending = [atServer, last]
 
-    // An event sent just before the network went down may be at the server though not marked sent here:
-    // the server keeps its own copy of it, and a stand-in is for what it never had.
-    const had = new Set((await stranded.fleet.timeline(id)).map((e) => e.seq))
     const r = await Stranded.deliver(stranded, defer)
     // The queued result was set aside: the restart queued the scan's own result again from its stage file.
     expect(r.done).toMatchObject({ outcome: "findings" })
     expect(r.findings.map((f) => f.detector)).toEqual(["sleepy"])
-    // The server's timeline is whole: every sequence once, a stand-in where a damaged entry was.
+    // The server's timeline is whole, to the last entry: every sequence once, a stand-in where a damaged entry was
+    // that it never had. Where it had the original, it keeps it, and the device's stand-in settles as delivered.
     const timeline = await stranded.fleet.timeline(id)
-    expect(timeline.map((e) => e.seq)).toEqual(timeline.map((_, i) => i + 1))
-    expect(had.has(pending.at(-1)!), "the last entry was journaled after the network went down").toBe(false)
-    for (const seq of [pending[1], pending.at(-1)!].filter((x) => !had.has(x)))
-      expect(timeline.find((e) => e.seq === seq)?.detail ?? "", JSON.stringify({ seq, had: [...had], pending, timeline })).toContain(`this device's record of event ${seq} was damaged and set aside`)
-    expect(timeline.find((e) => e.seq === pending.at(-1))?.phase, "the last entry's phase is the one its record kept").toBe("awaiting_receipt")
+    expect(timeline.map((e) => e.seq), JSON.stringify({ had, last, timeline })).toEqual(timeline.map((_, i) => i + 1))
+    // (and, after the last entry, the restart's own recovered event)
+    expect(timeline.length, JSON.stringify({ had, last, timeline })).toBeGreaterThan(last)
+    expect(timeline.find((e) => e.seq === last)?.detail).toContain(`this device's record of event ${last} was damaged and set aside`)
+    expect(timeline.find((e) => e.seq === last)?.phase, "the last entry's phase is the one its record kept").toBe("awaiting_receipt")
+    expect(timeline.find((e) => e.seq === atServer)?.detail ?? "").not.toContain("was damaged")
+    const standIn = (await peek(stranded.state, (s) => s.journal({ fleetId, reservationId: id }))).find((e) => e.seq === atServer)!
+    expect(standIn.delivery).toBe("acked")
+    expect(standIn.detail).toContain(`this device's record of event ${atServer} was damaged`)
 
     const errors = r.out.split("\n").filter((l) => l.includes('"level":"error"'))
     const said = (table: string, key: string) => errors.filter((l) => l.includes(`the state file ${stranded.state}: a row of its ${table} table (${key}) was damaged`))
     expect(said("results", `fleet ${fleetId}, reservation ${id}`)).toHaveLength(1)
-    for (const seq of [pending[1], pending.at(-1)]) expect(said("events", `fleet ${fleetId}, reservation ${id}, sequence ${seq}`)).toHaveLength(1)
+    for (const seq of pending) expect(said("events", `fleet ${fleetId}, reservation ${id}, sequence ${seq}`)).toHaveLength(1)
     expect(said("slots", "slot 0")).toHaveLength(1)
     expect(said("assignments", `fleet ${fleetId}, reservation 999`)[0]).toContain("it is released when its slot next claims and the server names it (slot_busy)")
     expect(r.out).not.toContain("SECRET")

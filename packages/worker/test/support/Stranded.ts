@@ -37,6 +37,8 @@ export const strand = async (dir: string, identity: string, defer: (cleanup: () 
   const scanner = sleepyScanner(join(dir, `sleepy-${n}.json`), join(dir, `stranded-${n}.pids`), 1500)
   const first = runDevice({ url: proxy.url, token: fleet.token }, state, scanner, defer)
   const scanning = await Poll.until("the scan to start", () => peek(state, async (s) => (await s.assignments({ open: true })).find((x) => x.phase === "scanning")), 60_000)
+  // The server has heard the scan's first events before the network goes down.
+  await Poll.until("the server to hear the first events", async () => ((await fleet.timeline(scanning.reservationId)).length >= 2 ? true : null), 30_000)
   await proxy.down()
   // Read before the kill: opening the file after it would checkpoint the WAL that `powerCut` cuts.
   const assignment = await Poll.until(
