@@ -145,7 +145,12 @@ export const make = (settings: Settings): Effect.Effect<SourceClient, never, Htt
       fetchPage: (listing, cursor, now, room = Infinity) =>
         Effect.gen(function* () {
           const ns = settings.namespaces[listing]
-          const repos = yield* page(cursor ?? SourceHttp.url(s.baseUrl, `/v2/namespaces/${encodeURIComponent(ns)}/repositories`, { page_size: s.pageSize }))
+          // Most recently updated first, as the other sources list: every cycle walks from the first page, so a
+          // push reaches the first pages even when a namespace is longer than a cycle's page budget. (The API
+          // documents no default order.)
+          const repos = yield* page(
+            cursor ?? SourceHttp.url(s.baseUrl, `/v2/namespaces/${encodeURIComponent(ns)}/repositories`, { page_size: s.pageSize, ordering: "-last_updated" })
+          )
           const records: Array<SourceRecord> = []
           const malformed: Array<MalformedRecord> = []
           let requests = 1

@@ -413,7 +413,11 @@ export class FakeHuggingFace extends FakeApi {
   }
 }
 
-/** DockerHub: `/v2/namespaces/{ns}/repositories`, `…/{repo}/tags` (page/page_size, `next` URLs) and `POST /v2/auth/token`. */
+/**
+ * DockerHub: `/v2/namespaces/{ns}/repositories` (in `ordering`: `name`, `last_updated` or `pull_count`, `-` for
+ * descending; without it, in the order the repositories were created, since the API documents no default),
+ * `…/{repo}/tags` (page/page_size, `next` URLs) and `POST /v2/auth/token`.
+ */
 export class FakeDockerHub extends FakeApi {
   /** When set, `POST /v2/auth/token` accepts this identifier and secret and hands out a bearer. */
   credentials: { readonly identifier: string; readonly secret: string } | null = null
@@ -424,11 +428,16 @@ export class FakeDockerHub extends FakeApi {
     super("dockerhub")
   }
 
-  /** Adds or re-points a tag `ns/repo:tag` to a digest (a new digest is a new push). */
+  /** Adds or re-points a tag `ns/repo:tag` to a digest (a new digest is a new push, which updates its repository). */
   tag(repository: string, tag: string, digest: string, at: number = Date.now()): void {
     const [ns, name] = repository.split("/")
-    if (!this.entries.has(repository))
-      this.putRaw(repository, { name, namespace: ns, repository_type: "image", status: 1, is_private: false, star_count: 0, pull_count: 0 }, at)
+    const known = this.entries.get(repository)
+    if (known === undefined || at > known.sortAt)
+      this.putRaw(
+        repository,
+        { name, namespace: ns, repository_type: "image", status: 1, is_private: false, star_count: 0, pull_count: 0, ...known?.record, last_updated: new Date(at).toISOString() },
+        at
+      )
     const t = this.tags.get(repository) ?? new Map()
     t.set(tag, { digest, at })
     this.tags.set(repository, t)
@@ -483,7 +492,20 @@ export class FakeDockerHub extends FakeApi {
       return { body: { access_token: token } }
     }
     const repos = /^\/v2\/namespaces\/([^/]+)\/repositories$/.exec(url.pathname)
-    if (repos) return { body: this.paged(url, this.list((e) => e.key.split("/")[0] === repos[1]).map((e) => e.record)) }
+    if (repos) {
+      const ordering = url.searchParams.get("ordering")
+      const listed = [...this.entries.values()].filter((e) => e.key.split("/")[0] === repos[1])
+      if (ordering === null) return { body: this.paged(url, listed.map((e) => e.record)) }
+      const field = ordering.replace(/^-/, "")
+      const keyOf: ((e: Entry) => string | number) | undefined = { name: (e: Entry) => e.key, last_updated: (e: Entry) => e.sortAt, pull_count: (e: Entry) => Number(e.record.pull_count ?? 0) }[field]
+      if (keyOf === undefined) return { status: 400, body: { message: `ordering: "${ordering}" is not one of name, last_updated, pull_count (with "-" for descending)` } }
+      const sign = ordering.startsWith("-") ? -1 : 1
+      const sorted = listed.sort((a, b) => {
+        const [x, y] = [keyOf(a), keyOf(b)]
+        return (x < y ? -sign : x > y ? sign : 0) || a.key.localeCompare(b.key)
+      })
+      return { body: this.paged(url, sorted.map((e) => e.record)) }
+    }
     const tags = /^\/v2\/namespaces\/([^/]+)\/repositories\/([^/]+)\/tags$/.exec(url.pathname)
     if (tags) {
       const repo = `${tags[1]}/${tags[2]}`

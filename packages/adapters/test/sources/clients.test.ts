@@ -323,6 +323,31 @@ describe("DockerHub client", () => {
     })
   )
 
+  it.scopedLive("a namespace is listed most recently updated first, so a cycle with a budget of one page finds a push to a repository created long before", () =>
+    Effect.gen(function* () {
+      const fakes = yield* FakeSources.scoped()
+      const now = Date.now()
+      // Created (and first pushed) a, b, c, d, e, oldest first.
+      for (const [i, name] of ["a", "b", "c", "d", "e"].entries()) fakes.dockerhub.tag(`acme/${name}`, "latest", digest(i + 1), now - (10 - i) * HOUR)
+      const c = yield* client(DockerHub.make({ ...fast, baseUrl: fakes.dockerhub.url, namespaces: ["acme"], pageSize: 2 }))
+      const store = MemoryStore.make()
+      const onePage = { maxPages: 1, maxResults: 1000 }
+      const first = yield* cycle(c, store, configWith("dockerhub", {}), now, onePage)
+      expect(first.cycle).toMatchObject({ pages: 1, results: 2, queuedNewCount: 2, stopReason: "page_limit" })
+      expect(yield* store.getTarget("dockerhub", `acme/e:latest@${digest(5)}`)).toMatchObject({ status: "pending" })
+      // A new digest pushed to the first repository ever created: the next cycle's one page has it.
+      fakes.dockerhub.tag("acme/a", "latest", digest(9), now)
+      const second = yield* cycle(c, store, configWith("dockerhub", {}), now, onePage)
+      expect(second.cycle).toMatchObject({ pages: 1, queuedNewCount: 1 })
+      expect(yield* store.getTarget("dockerhub", `acme/a:latest@${digest(9)}`)).toMatchObject({ status: "pending" })
+      const listings = fakes.dockerhub.requests.map((q) => new URL(q.url, fakes.dockerhub.url)).filter((u) => u.pathname === "/v2/namespaces/acme/repositories")
+      expect(listings.map((u) => u.searchParams.get("ordering"))).toEqual(["-last_updated", "-last_updated"])
+      // The fake refuses an ordering Docker Hub does not offer, as a stand-in should.
+      const refused = yield* Effect.promise(() => fetch(`${fakes.dockerhub.url}/v2/namespaces/acme/repositories?ordering=stars`))
+      expect(refused.status).toBe(400)
+    })
+  )
+
   it.scopedLive("a tag without a sha256 digest is a malformed record, logged with its identity and skipped", () =>
     Effect.gen(function* () {
       const fakes = yield* FakeSources.scoped()
