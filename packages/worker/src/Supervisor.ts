@@ -923,31 +923,28 @@ const program = (
       Effect.gen(function* () {
         const open = yield* Effect.orElseSucceed(state.assignments({ open: true }), () => [])
         if (open.some((a) => a.slot === slot)) return
-        const reset = yield* Effect.orElseSucceed(state.reset, () => null)
-        const damaged = yield* Effect.orElseSucceed(state.damagedRows(100), () => ({ total: 0, rows: [] }))
-        const record = damaged.rows.find((r) => r.table === "assignments")
-        const why =
-          unanswered !== null
-            ? `the answer to this slot's claim was lost after the server had taken it (${unanswered}).`
-            : reset !== null
-              ? `the state file was started afresh at ${clockIso(reset.at)}, its damaged predecessor set aside as ${reset.setAsideAs}.`
-              : record !== undefined
-                ? `the record of a reservation of this device (${record.key}) was damaged and set aside at ${clockIso(record.at)}.`
-                : "was the state file replaced or deleted?"
         const holder = refused.holder
         const fleetId = yield* SubscriptionRef.get(fleet)
         // Released only when the local state can say it has no record of the reservation.
-        const known = holder === undefined || fleetId === null ? true : yield* Effect.orElseSucceed(Effect.map(state.assignment({ fleetId, reservationId: holder.reservationId }), (a) => a !== null), () => true)
+        const unknown =
+          holder !== undefined &&
+          fleetId !== null &&
+          (yield* Effect.orElseSucceed(
+            Effect.map(state.assignment({ fleetId, reservationId: holder.reservationId }), (a) => a === null),
+            () => false
+          ))
+        if (!unknown && unknownHolder.has(slot)) return
+        const why = yield* whyUnknown(unanswered)
         let releaseFailed = ""
-        if (holder !== undefined && fleetId !== null && !known) {
+        if (unknown) {
           const released = yield* Effect.either(client.release(holder.reservationId, { fence: holder.fence }))
           if (released._tag === "Right") {
             unknownHolder.delete(slot)
             return yield* emit({ type: "released", slot, fleetId, reservationId: holder.reservationId, message: `its local state has no record of it: ${why} Its target goes back to the queue` })
           }
           releaseFailed = ` Releasing it failed (${released.left._tag === "ApiRefused" ? `${released.left.status} ${released.left.error}: ` : ""}${released.left.message}).`
+          if (unknownHolder.has(slot)) return
         }
-        if (unknownHolder.has(slot)) return
         unknownHolder.add(slot)
         yield* emit({
           type: "error",
@@ -955,6 +952,17 @@ const program = (
             `slot ${slot} is busy at the server with a reservation this device's local state does not know (${refused.message}); ` +
             `${why}${releaseFailed} The slot stays idle until the server expires that reservation, or an operator cancels it`
         })
+      })
+    /** Why the local state may not know a reservation of this device, as far as it can tell. */
+    const whyUnknown = (unanswered: string | null) =>
+      Effect.gen(function* () {
+        if (unanswered !== null) return `the answer to this slot's claim was lost after the server had taken it (${unanswered}).`
+        const reset = yield* Effect.orElseSucceed(state.reset, () => null)
+        if (reset !== null) return `the state file was started afresh at ${clockIso(reset.at)}, its damaged predecessor set aside as ${reset.setAsideAs}.`
+        const damaged = yield* Effect.orElseSucceed(state.damagedRows(100), () => ({ total: 0, rows: [] }))
+        const record = damaged.rows.find((r) => r.table === "assignments")
+        if (record !== undefined) return `the record of a reservation of this device (${record.key}) was damaged and set aside at ${clockIso(record.at)}.`
+        return "was the state file replaced or deleted?"
       })
 
     /** Whether a failure is the state's disk being full (SQLite's SQLITE_FULL, the file system's ENOSPC). */
