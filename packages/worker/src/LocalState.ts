@@ -516,7 +516,7 @@ export const make = (file: string, options: Options = {}): Effect.Effect<Service
             lost:
               a[0]?.status === "done"
                 ? "its assignment had ended, so nothing more is lost"
-                : "recovery at start queues the assignment's result again: the scan's own if its staged result is still there, otherwise a scan error",
+                : "the assignment's result is queued again (at once by a running device, else at the next start): the scan's own if its staged result is still there, otherwise a scan error",
             rows: []
           })
         )

@@ -35,6 +35,11 @@ export interface Options {
   readonly onResult: (key: LocalState.Key, d: Delivered) => Effect.Effect<void, LocalState.StateError | LocalState.JournalRefused>
   /** Called on each failed attempt (for logs). */
   readonly onRetry?: (key: LocalState.Key | null, message: string) => void
+  /**
+   * Called when a reservation that was delivering its result has none left to send: the queued result was set
+   * aside as damaged when read. The caller queues it again (the sender then passes over the reservation again).
+   */
+  readonly onResultLost?: (key: LocalState.Key) => Effect.Effect<void, LocalState.StateError | LocalState.JournalRefused>
   /** Called when the server refuses a write of a reservation (its events or result), with the server's words, before the item is marked refused. */
   readonly onRefused?: (key: LocalState.Key, refusal: { readonly status: number; readonly error: string; readonly message: string }) => Effect.Effect<void>
 }
@@ -125,6 +130,7 @@ export const make = (opts: Options): Effect.Effect<Outbox, never, Scope.Scope> =
           if (!events.every((e) => acked.has(e.seq))) return yield* new Unreachable({ message: "the server acknowledged part of a batch" })
         }
         const r = yield* state.result(key)
+        if (r === null && a.status === "delivering" && opts.onResultLost) return yield* opts.onResultLost(key)
         if (r === null || r.delivery !== "pending") return
         const journal = yield* state.journal(key)
         if (journal.some((e) => e.seq <= r.afterSeq && e.delivery === "pending")) return

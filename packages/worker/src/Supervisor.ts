@@ -483,6 +483,8 @@ const program = (
       ...(opts.minBackoffMs !== undefined ? { minBackoffMs: opts.minBackoffMs } : {}),
       ...(opts.maxBackoffMs !== undefined ? { maxBackoffMs: opts.maxBackoffMs } : {}),
       onResult,
+      // A queued result set aside as damaged while the controller runs is queued again as a restart would (below).
+      onResultLost: (k) => Effect.suspend(() => requeueLostResult(k)),
       // Emitting is synchronous, so a plain callback can run it.
       onRetry: (k, message) => Effect.runSync(emit({ type: "retry", reservationId: k?.reservationId ?? 0, message }))
     })
@@ -850,6 +852,15 @@ const program = (
           // The upload stage began but neither the staged file nor the queued result survived.
           yield* finishEarly(k, "failed", "scan_error", phaseNow, `${why.during} during ${phaseNow}; the staged result was lost${found.damaged}`)
         }
+      })
+
+    const damagedResultResumed: Resumed = { during: "its queued result was damaged and set aside", meanwhile: "its queued result was damaged" }
+    /** Queues the result of a delivering assignment again after its queued one was set aside as damaged: the scan's own from its stage file, else a scan error. */
+    const requeueLostResult = (k: LocalState.Key): Effect.Effect<void, LocalState.StateError | LocalState.JournalRefused> =>
+      Effect.gen(function* () {
+        const a = yield* state.assignment(k)
+        if (a !== null && a.status !== "done") yield* recoverOne(a, damagedResultResumed)
+        yield* outbox.notify
       })
 
     /** Finishes what a previous run of the controller left, in every fleet. */

@@ -10,6 +10,7 @@ import * as Poll from "./support/Poll.js"
 import { peek } from "./support/State.js"
 import * as Stranded from "./support/Stranded.js"
 import { useDeviceScratch } from "./support/Scratch.js"
+import { sleepyScanner } from "./support/Unit.js"
 
 useNoOrphans()
 
@@ -90,6 +91,38 @@ describe("damaged rows in a device's state file", () => {
     expect(status.stdout).toContain("rows set aside as damaged: 5")
     expect(status.stdout).toContain(`assignments (fleet ${fleetId}, reservation 999): not JSON`)
     expect(status.stdout).not.toContain("SECRET")
+  })
+
+  it("a queued result damaged while the device runs is set aside when the outbox reads it and queued again from its stage file at once: the scan's own result is delivered without a restart", async () => {
+    const fleet = await Fleet.start({ scanSeconds: 20, uploadSeconds: 60, ttlSeconds: 120, slots: 1 })
+    defer(() => fleet.close())
+    const proxy = await Fleet.proxy(fleet.url)
+    defer(() => proxy.close())
+    await fleet.seed(["acme/damaged-while-running"])
+    const state = join(dir, "damaged-while-running.db")
+    const scanner = sleepyScanner(join(dir, "damaged-while-running.json"), join(dir, "damaged-while-running.pids"), 1500)
+    const device = runDevice({ url: proxy.url, token: fleet.token }, state, scanner, defer)
+    const scanning = await Poll.until("the scan to start", () => peek(state, async (s) => (await s.assignments({ open: true })).find((x) => x.phase === "scanning")), 60_000)
+    await Poll.until("the server to hear the first events", async () => ((await fleet.timeline(scanning.reservationId)).length >= 2 ? true : null), 30_000)
+    await proxy.down()
+    await Poll.until("the result to be queued", () => peek(state, (s) => s.result(scanning.reservationId)), 60_000)
+    // Cut short under the running device, its payload carrying a marker that must never reach a log line.
+    edit(state, (db) => db.prepare("UPDATE results SET body = ? WHERE reservation_id = ?").run('{"fence":1,"outcome":"findings","findings":[{"secret":"SECRET-RESULT', scanning.reservationId))
+    await proxy.up()
+
+    const done = await fleet.settled(scanning.reservationId, 30_000)
+    expect(done).toMatchObject({ outcome: "findings" })
+    expect((await fleet.findings()).map((f) => f.detector)).toEqual(["sleepy"])
+    expect(device.p.exitCode, "the device did not restart").toBeNull()
+    const said = device.out().split("\n").filter((l) => l.includes(`a row of its results table (fleet ${scanning.fleetId}, reservation ${scanning.reservationId}) was damaged`))
+    expect(said).toHaveLength(1)
+    // The server's timeline says why the result came again: one recovered event, after the events it had.
+    const recovered = (await fleet.timeline(scanning.reservationId)).filter((e) => e.kind === "recovered")
+    expect(recovered).toHaveLength(1)
+    expect(recovered[0].detail).toContain("its queued result was damaged and set aside during awaiting_receipt")
+    expect(device.out()).not.toContain("SECRET")
+    device.p.kill("SIGTERM")
+    expect((await device.p).exitCode).toBe(0)
   })
 
   it("status and history set aside a damaged controller record and a damaged finished assignment, and show the rest", async () => {
