@@ -948,6 +948,8 @@ const program = (
         const why = yield* whyUnknown(unanswered)
         let releaseFailed = ""
         if (unknown) {
+          const detail = `released by its device, whose local state has no record of it: ${why}`
+          yield* explainRelease(holder, detail)
           const released = yield* Effect.either(client.release(holder.reservationId, { fence: holder.fence }))
           if (released._tag === "Right") {
             unknownHolder.delete(slot)
@@ -963,6 +965,20 @@ const program = (
             `slot ${slot} is busy at the server with a reservation this device's local state does not know (${refused.message}); ` +
             `${why}${releaseFailed} The slot stays idle until the server expires that reservation, or an operator cancels it`
         })
+      })
+    /**
+     * Leaves the device's reason on the server's timeline of a reservation it is about to release: a `failed`
+     * event after the last one the server has, where the timeline has one, room and a legal step to `failed`
+     * (best effort: the release goes ahead whatever the server answers).
+     */
+    const explainRelease = (holder: { readonly reservationId: number; readonly fence: number }, detail: string) =>
+      Effect.gen(function* () {
+        const seen = yield* Effect.either(client.get(holder.reservationId))
+        if (seen._tag === "Left") return
+        const v = seen.right
+        if (v.state !== "active" || v.fence !== holder.fence || v.lastSeq < 1 || v.lastSeq >= PhaseModel.maxSeq || !PhaseModel.canTransition(v.lastPhase, "failed")) return
+        const event: PhaseModel.Event = { seq: v.lastSeq + 1, kind: "phase", phase: "failed", at: yield* now, detail: detail.slice(0, 1000) }
+        yield* Effect.ignore(client.progress(holder.reservationId, holder.fence, [event]))
       })
     /** Why the local state may not know a reservation of this device, as far as it can tell. */
     const whyUnknown = (unanswered: string | null) =>

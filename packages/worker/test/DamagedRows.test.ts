@@ -171,13 +171,17 @@ describe("damaged rows in a device's state file", () => {
     const released = () => second.out().split("\n").filter((l) => l.includes('"message":"released"') && l.includes(`"slot":${held.slot}`))
     await Poll.until("the release in the log", () => released().length > 0, 30_000, 50)
     expect(released()[0]).toContain(`the record of a reservation of this device (fleet ${held.fleetId}, reservation ${held.reservationId}) was damaged and set aside`)
-    // Its journal, intact, is kept; nothing of it is waiting to be sent, and the server heard nothing more of it before the release.
+    // Its journal, intact, is kept; nothing of it is waiting to be sent, and the server heard nothing more of it than the device's reason for the release.
     const journal = await peek(state, (s) => s.journal({ fleetId: held.fleetId, reservationId: held.reservationId }))
     expect(journal.length).toBeGreaterThan(0)
     expect(journal.filter((e) => e.delivery === "pending")).toEqual([])
     const ended = await fleet.assignment(held.reservationId)
     expect(ended.state).toBe("released")
-    expect(ended.lastSeq).toBe(lastSeq)
+    expect(ended.lastSeq).toBe(lastSeq + 1)
+    expect((await fleet.timeline(held.reservationId)).at(-1)).toMatchObject({
+      phase: "failed",
+      detail: expect.stringContaining(`released by its device, whose local state has no record of it: the record of a reservation of this device (fleet ${held.fleetId}, reservation ${held.reservationId}) was damaged`)
+    })
     expect(released()).toHaveLength(1)
     expect(second.out()).not.toContain("is busy at the server")
     second.p.kill("SIGTERM")

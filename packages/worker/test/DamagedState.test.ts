@@ -94,10 +94,11 @@ describe("a state file damaged while the device was down", () => {
       // The server names the lost reservation when its slot claims; the device releases it, said once with the reset's reason.
       await Poll.until("the release in the log", () => logged(second, "warning", '"message":"released"').length > 0, 30_000)
       expect(logged(second, "warning", '"message":"released"')[0]).toContain(`its damaged predecessor set aside as ${aside}`)
-      // The held reservation ran on at no point: the server heard nothing more of it before the release.
+      // The held reservation ran on at no point: the server heard nothing more of it than the device's reason for the release.
       const released = await fleet.assignment(1)
       expect(released.state).toBe("released")
-      expect(released.lastSeq).toBe(held.lastSeq)
+      expect(released.lastSeq).toBe(held.lastSeq + 1)
+      expect((await fleet.timeline(1)).at(-1)?.detail).toContain(`released by its device, whose local state has no record of it: the state file was started afresh`)
       expect(await peek(state, (s) => s.assignment(1))).toBeNull()
       // ... and its slot claims again, long before the reservation's expiry.
       await fleet.seed(["acme/later"])

@@ -51,10 +51,15 @@ describe("a device that lost its local state", () => {
     expect(released()[0]).toContain('"level":"warning"')
     expect(released()[0]).toMatch(/"reservationId":1\b/)
     expect(released()[0]).toContain("its local state has no record of it: was the state file replaced or deleted?")
-    // Released at the server with what it had heard, nothing more: the device ran none of it.
+    // Released at the server with what it had heard and one event more, the device's reason: the device ran none of it.
     const ended = await fleet.assignment(1)
     expect(ended.state).toBe("released")
-    expect(ended.lastSeq).toBe(held.lastSeq)
+    expect(ended.lastSeq).toBe(held.lastSeq + 1)
+    expect((await fleet.timeline(1)).at(-1)).toMatchObject({
+      seq: held.lastSeq + 1,
+      phase: "failed",
+      detail: expect.stringContaining("released by its device, whose local state has no record of it: was the state file replaced or deleted?")
+    })
     // The slot claims again at once: the released target (first in the queue again) is claimed anew.
     const claimedAnew = () => second.out().split("\n").some((l) => l.includes('"message":"claimed"') && Number(/"reservationId":(\d+)/.exec(l)?.[1]) > 1)
     await Poll.until("slot 0 to claim again", claimedAnew, 30_000, 50)
