@@ -178,9 +178,14 @@ describe("network faults between a worker and its server", () => {
     const lost = released[0].reservationId as number
     expect(lost).toBeLessThan(rec.reservationId)
     expect(calls[2].path).toBe(`/v1/assignments/${lost}/release`)
-    // The device never ran it: its local state has no record of it, and the server heard no event of it.
+    // The device never ran it: its local state has no record of it, and the server heard of it only why it was released.
     expect(await peek(state, (s) => s.assignment(lost))).toBeNull()
-    expect((await detail(lost)).timeline).toEqual([])
+    const timeline = (await detail(lost)).timeline as Array<{ seq: number; phase: string; detail?: string }>
+    expect(timeline.map((e) => [e.seq, e.phase])).toEqual([
+      [1, "assigned"],
+      [2, "failed"]
+    ])
+    expect(timeline[1].detail).toContain("released by its device, whose local state has no record of it: the answer to this slot's claim was lost after the server had taken it")
     const line = w
       .output()
       .split("\n")

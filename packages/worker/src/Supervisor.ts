@@ -968,17 +968,21 @@ const program = (
       })
     /**
      * Leaves the device's reason on the server's timeline of a reservation it is about to release: a `failed`
-     * event after the last one the server has, where the timeline has one, room and a legal step to `failed`
-     * (best effort: the release goes ahead whatever the server answers).
+     * event after the last one the server has (after an `assigned` one where it has none), where the timeline
+     * has room and a legal step to `failed` (best effort: the release goes ahead whatever the server answers).
      */
     const explainRelease = (holder: { readonly reservationId: number; readonly fence: number }, detail: string) =>
       Effect.gen(function* () {
         const seen = yield* Effect.either(client.get(holder.reservationId))
         if (seen._tag === "Left") return
         const v = seen.right
-        if (v.state !== "active" || v.fence !== holder.fence || v.lastSeq < 1 || v.lastSeq >= PhaseModel.maxSeq || !PhaseModel.canTransition(v.lastPhase, "failed")) return
-        const event: PhaseModel.Event = { seq: v.lastSeq + 1, kind: "phase", phase: "failed", at: yield* now, detail: detail.slice(0, 1000) }
-        yield* Effect.ignore(client.progress(holder.reservationId, holder.fence, [event]))
+        const at = yield* now
+        const events: Array<PhaseModel.Event> =
+          v.lastSeq === 0 ? [{ seq: 1, kind: "phase", phase: "assigned", at, detail: `${v.target.source}:${v.target.identity}`.slice(0, 1000) }] : []
+        const from = v.lastSeq === 0 ? "assigned" : v.lastPhase
+        if (v.state !== "active" || v.fence !== holder.fence || v.lastSeq + events.length >= PhaseModel.maxSeq || !PhaseModel.canTransition(from, "failed")) return
+        events.push({ seq: v.lastSeq + events.length + 1, kind: "phase", phase: "failed", at, detail: detail.slice(0, 1000) })
+        yield* Effect.ignore(client.progress(holder.reservationId, holder.fence, events))
       })
     /** Why the local state may not know a reservation of this device, as far as it can tell. */
     const whyUnknown = (unanswered: string | null) =>
