@@ -46,11 +46,16 @@ const withDb = async (ctx: Ctx, prefix: string, body: (db: { name: string; url: 
  * one device; otherwise one device per claimer (one slot each, or `batch` slots
  * claimed at once with Store.claimMany and completed with Store.submitResults).
  */
-const scanfleet = (ctx: Ctx, s: Shape, oneDevice = false): Contender => ({
-  name: s.batch === 1 ? (oneDevice ? `scanfleet PgStore (1 device x ${s.claimers} slots)` : `scanfleet PgStore (${s.claimers} devices x 1 slot)`) : "scanfleet PgStore",
+const scanfleet = (ctx: Ctx, s: Shape, oneDevice = false, apart = false): Contender => ({
+  name:
+    s.batch === 1
+      ? `scanfleet PgStore (${oneDevice ? `1 device x ${s.claimers} slots` : `${s.claimers} devices x 1 slot`}${apart ? ", claim and result apart" : ""})`
+      : "scanfleet PgStore",
   note:
     s.batch === 1
-      ? `${oneDevice ? `${s.claimers} slots of one device` : `${s.claimers} devices of one slot`}, each a loop of Store.claim then Store.submitResult(outcome clean); pool of ${s.claimers + 2}`
+      ? apart
+        ? `${oneDevice ? `${s.claimers} slots of one device` : `${s.claimers} devices of one slot`}, each a loop of Store.claim then Store.submitResult(outcome clean); pool of ${s.claimers + 2}`
+        : `${oneDevice ? `${s.claimers} slots of one device` : `${s.claimers} devices of one slot`}, each a Store.claim, then a loop of Store.submitResultAndClaim (outcome clean, then the slot's next job, in one call) and a Store.submitResult for its last job; pool of ${s.claimers + 2}`
       : `${s.claimers} devices of ${s.batch} slots; each claims all its slots at once (one Store.claimMany) and submits the ${s.batch} results at once (one Store.submitResults); pool of ${s.claimers + 2}`,
   run: () =>
     withDb(ctx, "sf_claim", async (db) => {
@@ -81,13 +86,35 @@ const scanfleet = (ctx: Ctx, s: Shape, oneDevice = false): Contender => ({
               return a
             })
           )
-        const complete = (a: { reservationId: number; fence: number; deviceId: number }) =>
-          sf.run((st) => st.submitResult({ deviceId: a.deviceId, reservationId: a.reservationId, fence: a.fence, now: Date.now(), outcome: "clean", finalPhase: null, body: "{}" }))
-        if (s.batch === 1) {
+        const resultOf = (a: { reservationId: number; fence: number; deviceId: number }) =>
+          ({ deviceId: a.deviceId, reservationId: a.reservationId, fence: a.fence, now: Date.now(), outcome: "clean", finalPhase: null, body: "{}" }) as const
+        const complete = (a: { reservationId: number; fence: number; deviceId: number }) => sf.run((st) => st.submitResult(resultOf(a)))
+        const completeAndClaim = (a: { reservationId: number; fence: number; deviceId: number; slot: number }) =>
+          sf.run((st) =>
+            Effect.gen(function* () {
+              const r = yield* st.submitResultAndClaim(resultOf(a), { slot: a.slot, config: Scanfleet.config })
+              if (r.next === null) throw new Error(r.claimRefused === null ? "backlog ran dry" : `claim refused: ${r.claimRefused.message}`)
+              return r.next
+            })
+          )
+        const more = () => taken < s.jobs && performance.now() < deadline
+        if (s.batch === 1 && apart) {
           await loops(s.claimers, async (i) => {
-            while (taken < s.jobs && performance.now() < deadline) {
+            while (more()) {
               taken++
               await complete(await (oneDevice ? claimOne(devices[0].id, i) : claimOne(devices[i].id, 0)))
+            }
+          })
+        } else if (s.batch === 1) {
+          // a job is a claim and a result: the first claim on its own, each result with the next claim, the last result on its own
+          await loops(s.claimers, async (i) => {
+            if (!more()) return
+            taken++
+            let a = await (oneDevice ? claimOne(devices[0].id, i) : claimOne(devices[i].id, 0))
+            for (;;) {
+              if (!more()) return void (await complete(a))
+              taken++
+              a = await completeAndClaim(a)
             }
           })
         } else {
@@ -314,7 +341,7 @@ export const one = async (ctx: Ctx): Promise<WorkloadResult> => {
     capSeconds: size(ctx, "claim.cap", 2, 12)
   }
   const missing = await Scanfleet.pgMissing()
-  const list = [...(missing ? [] : [scanfleet(ctx, s), scanfleet(ctx, s, true)]), graphile(ctx, s, false), raw(ctx, s), pgBoss(ctx, s)]
+  const list = [...(missing ? [] : [scanfleet(ctx, s), scanfleet(ctx, s, true), scanfleet(ctx, s, false, true)]), graphile(ctx, s, false), raw(ctx, s), pgBoss(ctx, s)]
   const notes = missing ? [`scanfleet not measured: ${missing}`] : []
   return {
     id: "1",

@@ -724,6 +724,52 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
           for (const [m, v] of Object.entries(want)) expect(Math.abs((values[m] ?? 0) - v), m).toBeLessThanOrEqual(Percentile.accuracy * v)
         }))
 
+      test("a result with its slot's next claim is accepted as submitResult accepts it, then claims as claim does", (s) =>
+        Effect.gen(function* () {
+          const d = yield* addDevice(s, 2)
+          yield* s.recordObservations(["n0", "n1", "n2"].map((i) => obs("github", i, T0 - DAY)), T0)
+          const a = yield* claimed(s, d.id, 0, T0)
+          const at = T0 + MIN
+          const result = (x: Assignment.Assignment, over: Partial<Store.ResultInput> = {}): Store.ResultInput => ({
+            ...auth(x, at),
+            outcome: "clean",
+            finalPhase: "awaiting_receipt",
+            body: JSON.stringify({ findings: [] }),
+            ...over
+          })
+          // a refused result fails as submitResult fails, and claims nothing
+          expect(yield* failure(s.submitResultAndClaim(result(a, { fence: a.fence - 1 }), { slot: 0, config }))).toMatchObject({ _tag: "ReservationRefused", reason: "stale_fence" })
+          expect((yield* s.listAssignments({ state: "active", limit: 10 })).map((x) => x.reservationId)).toEqual([a.reservationId])
+          const done = yield* s.submitResultAndClaim(result(a), { slot: 0, config })
+          const receipt = { receiptId: `rc-${a.reservationId}-${a.fence}`, reservationId: a.reservationId, outcome: "clean", acceptedAt: at }
+          expect(done.receipt).toEqual(receipt)
+          expect(WorkerWrite.isRepeat(done.receipt)).toBe(false)
+          expect(done.claimRefused).toBeNull()
+          const next = done.next!
+          expect(next).toMatchObject({ deviceId: d.id, slot: 0, state: "active", issuedAt: at, source: "github" })
+          expect(next.identity).not.toBe(a.identity)
+          expect(yield* s.getAssignment(next.reservationId)).toEqual(next)
+          expect(yield* s.getAssignment(a.reservationId)).toMatchObject({ state: "completed", outcome: "clean", endedAt: at })
+          expect(yield* s.getTarget("github", a.identity)).toMatchObject({ status: "completed", completedAt: at })
+          expect(yield* s.getTarget("github", next.identity)).toMatchObject({ status: "in_progress", fence: next.fence, lastScanStartedAt: at })
+          // a repeated result returns its receipt again; the claim that follows finds the slot held, and says by which reservation
+          const again = yield* s.submitResultAndClaim(result(a, { now: at + 1 }), { slot: 0, config })
+          expect(again.receipt).toEqual(receipt)
+          expect(WorkerWrite.isRepeat(again.receipt)).toBe(true)
+          expect(again.next).toBeNull()
+          expect(again.claimRefused).toMatchObject({ _tag: "ClaimRejected", reason: "slot_busy", holder: { reservationId: next.reservationId, fence: next.fence } })
+          // a refused claim leaves the result accepted
+          const outside = yield* s.submitResultAndClaim(result(next, { outcome: "scan_error" }), { slot: 2, config })
+          expect(outside).toMatchObject({ receipt: { reservationId: next.reservationId, outcome: "scan_error" }, next: null, claimRefused: { reason: "capacity" } })
+          expect(yield* s.getAssignment(next.reservationId)).toMatchObject({ state: "failed", outcome: "scan_error" })
+          // the claim takes only what is pending: the last target, then nothing
+          const third = (yield* s.submitResultAndClaim(result(a, { now: at + 2 }), { slot: 1, config })).next!
+          expect(third).toMatchObject({ slot: 1, identity: "n2" })
+          expect(yield* s.submitResultAndClaim(result(third), { slot: 1, config })).toMatchObject({ next: null, claimRefused: null })
+          const p = yield* s.percentiles({ from: T0, to: T0 + DAY, source: "github", metric: "end_to_end", minSamples: 1 })
+          expect(p.reduce((n, r) => n + r.count, 0)).toBe(3)
+        }))
+
       test("typed failures end the reservation and set the target's status", (s) =>
         Effect.gen(function* () {
           const d = yield* addDevice(s, 3)
@@ -1086,6 +1132,46 @@ export const conformance = (name: string, makeStore: MakeStore, capabilities: Ca
               expect(Either.isLeft(answers[3 * i + 2]) && answers[3 * i + 2]).toMatchObject({ left: { _tag: "ReservationRefused", reason: "stale_fence" } })
             })
             expect((yield* s.countTargets()).filter((c) => c.status === "completed")).toEqual([{ source: "github", status: "completed", count: 16 }])
+            const [e2e] = yield* s.percentiles({ from: T0, to: T0 + DAY, source: "github", metric: "end_to_end", minSamples: 1 })
+            expect(e2e.count).toBe(16)
+          }))
+
+        test("16 racing callers of results with their slots' next claims are each answered once: every result accepted once, every slot claimed once, by a fenced reservation", (s) =>
+          Effect.gen(function* () {
+            const devices = yield* Effect.forEach(Array.from({ length: 8 }, (_, i) => i), (i) => addDevice(s, 2, `pair-${i}`))
+            yield* s.recordObservations(Array.from({ length: 40 }, (_, i) => obs("github", `pair/${i}`, T0 - i)), T0)
+            const first = yield* s.claimMany({ deviceId: devices[0].id, slots: [0, 1], now: T0, config })
+            const rest = yield* Effect.forEach(devices.slice(1), (d) => s.claimMany({ deviceId: d.id, slots: [0, 1], now: T0, config }))
+            const claimed = [...first, ...rest.flat()]
+            expect(claimed).toHaveLength(16)
+            const input = (a: Assignment.Assignment, fence: number) => ({ deviceId: a.deviceId, reservationId: a.reservationId, fence, now: T0 + MIN, outcome: "clean" as const, finalPhase: null, body: "{}" })
+            // each call raced by a copy of itself and by one under a stale fence
+            const answers = yield* Effect.all(
+              claimed.flatMap((a) => [input(a, a.fence), input(a, a.fence), input(a, a.fence - 1)]).map((i) => Effect.either(s.submitResultAndClaim(i, { slot: claimed.find((a) => a.reservationId === i.reservationId)!.slot, config }))),
+              { concurrency: "unbounded" }
+            )
+            const nexts: Array<Assignment.Assignment> = []
+            claimed.forEach((a, i) => {
+              const receipt = { receiptId: `rc-${a.reservationId}-${a.fence}`, reservationId: a.reservationId, outcome: "clean", acceptedAt: T0 + MIN }
+              const copies = [answers[3 * i], answers[3 * i + 1]].map((x) => (Either.isRight(x) ? x.right : undefined))
+              for (const c of copies) expect(c?.receipt).toEqual(receipt)
+              // one copy claimed the slot; the other found it held by that claim
+              const took = copies.filter((c) => c?.next !== null)
+              expect(took).toHaveLength(1)
+              const next = took[0]!.next!
+              expect(next).toMatchObject({ deviceId: a.deviceId, slot: a.slot, state: "active", issuedAt: T0 + MIN })
+              expect(copies.find((c) => c?.next === null)?.claimRefused).toMatchObject({ reason: "slot_busy", holder: { reservationId: next.reservationId, fence: next.fence } })
+              expect(Either.isLeft(answers[3 * i + 2]) && answers[3 * i + 2]).toMatchObject({ left: { _tag: "ReservationRefused", reason: "stale_fence" } })
+              nexts.push(next)
+            })
+            expect(new Set([...claimed, ...nexts].map((a) => a.targetId)).size).toBe(32)
+            for (const n of nexts) expect(yield* s.getTarget("github", n.identity)).toMatchObject({ status: "in_progress", fence: n.fence })
+            expect((yield* s.listAssignments({ state: "active", limit: 100 })).map((a) => a.reservationId).sort((x, y) => x - y)).toEqual(nexts.map((n) => n.reservationId).sort((x, y) => x - y))
+            expect([...(yield* s.countTargets())].sort((x, y) => x.status.localeCompare(y.status))).toEqual([
+              { source: "github", status: "completed", count: 16 },
+              { source: "github", status: "in_progress", count: 16 },
+              { source: "github", status: "pending", count: 8 }
+            ])
             const [e2e] = yield* s.percentiles({ from: T0, to: T0 + DAY, source: "github", metric: "end_to_end", minSamples: 1 })
             expect(e2e.count).toBe(16)
           }))

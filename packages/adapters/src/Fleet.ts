@@ -47,6 +47,16 @@ export interface Fleet {
   readonly submitResult: (
     input: Authority & { readonly outcome: Assignment.Outcome; readonly finalPhase: PhaseModel.Phase | null; readonly body: string }
   ) => Promise<Assignment.Receipt>
+  /**
+   * Submits a result, then claims `next.slot` of the same device at the same time: a scanner's
+   * loop in one call (one round trip on PostgreSQL). A refused result rejects and claims nothing;
+   * a refused claim resolves with `claimRefused` set and the result kept. The configuration is
+   * `claim`'s unless `next.config` is given.
+   */
+  readonly submitResultAndClaim: (
+    input: Authority & { readonly outcome: Assignment.Outcome; readonly finalPhase: PhaseModel.Phase | null; readonly body: string },
+    next: { readonly slot: number; readonly config?: Config.ManagedConfig; readonly sources?: ReadonlyArray<Source.Source>; readonly sourceCap?: number }
+  ) => Promise<Store.ResultAndClaim>
   /** Every other operation of the Store port (devices, expiry, percentiles, counts), as Promises. */
   readonly store: PromiseStore
   /** Closes the database; later calls reject with `StoreError` (`reason: "unavailable"`). */
@@ -101,13 +111,16 @@ export const openFleet = async (options: Options): Promise<Fleet> => {
     Object.entries(store).map(([name, f]) => [name, (...args: Array<unknown>) => run((f as (...a: Array<unknown>) => Effect.Effect<unknown, unknown>)(...args))])
   ) as unknown as PromiseStore
   const at = (now: number | undefined) => now ?? Date.now()
+  const configured = async (config: Config.ManagedConfig | undefined) => config ?? (await promised.activeConfig())?.document ?? Config.defaults
   return {
     store: promised,
     recordObservations: (batch, now) => promised.recordObservations(batch, at(now)),
     promote: (source, rule, now) => promised.promote(source, rule, at(now)),
-    claim: async ({ config, now, ...req }) => promised.claim({ ...req, now: at(now), config: config ?? (await promised.activeConfig())?.document ?? Config.defaults }),
+    claim: async ({ config, now, ...req }) => promised.claim({ ...req, now: at(now), config: await configured(config) }),
     progress: ({ now, ...auth }, events) => promised.appendProgress({ ...auth, now: at(now) }, events),
     submitResult: ({ now, ...input }) => promised.submitResult({ ...input, now: at(now) }),
+    submitResultAndClaim: async ({ now, ...input }, { config, ...next }) =>
+      promised.submitResultAndClaim({ ...input, now: at(now) }, { ...next, config: await configured(config) }),
     close: async () => {
       if (closed) return
       closed = true

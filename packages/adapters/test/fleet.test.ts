@@ -49,7 +49,7 @@ describe("openFleet", () => {
     expect(e).toMatchObject({ _tag: "DatabaseUrlError", reason: "unsupported_scheme" })
   })
 
-  it("rejects a refused call with the port's own Error subclass and reason; the defaults fill now and config", async () => {
+  it("rejects a refused call with the port's own Error subclass and reason; the defaults fill now and config, in a result with its next claim too", async () => {
     const db = sqliteFile()
     const fleet = await Fleet.openFleet({ database: db.url })
     try {
@@ -66,8 +66,14 @@ describe("openFleet", () => {
       const stale = await fleet.submitResult({ deviceId: device.id, reservationId: a!.reservationId, fence: a!.fence + 1, outcome: "clean", finalPhase: null, body: "{}" }).catch((e: unknown) => e)
       expect(stale).toBeInstanceOf(Fleet.ReservationRefused)
       expect(stale).toMatchObject({ reason: "stale_fence" })
-      const receipt = await fleet.submitResult({ deviceId: device.id, reservationId: a!.reservationId, fence: a!.fence, outcome: "clean", finalPhase: null, body: "{}" })
-      expect(receipt.reservationId).toBe(a!.reservationId)
+      const done = await fleet.submitResultAndClaim({ deviceId: device.id, reservationId: a!.reservationId, fence: a!.fence, outcome: "clean", finalPhase: null, body: "{}" }, { slot: 0 })
+      expect(done.receipt.reservationId).toBe(a!.reservationId)
+      expect(done.next).toMatchObject({ identity: "c/d", slot: 0, policy: Config.effectivePolicy(Config.defaults, "github") })
+      expect(done.claimRefused).toBeNull()
+      // a refused claim resolves: the result stands, and the refusal says why
+      const outside = await fleet.submitResultAndClaim({ deviceId: device.id, reservationId: done.next!.reservationId, fence: done.next!.fence, outcome: "clean", finalPhase: null, body: "{}" }, { slot: 1 })
+      expect(outside.claimRefused).toBeInstanceOf(Errors.ClaimRejected)
+      expect(outside).toMatchObject({ receipt: { reservationId: done.next!.reservationId }, next: null, claimRefused: { reason: "capacity" } })
     } finally {
       await fleet.close()
       db.cleanup()

@@ -116,3 +116,27 @@ describe("a result costs a constant number of statements, whatever the timeline'
       expect(again.statements).toBe(0)
     }).pipe(Effect.provide(freshSqlite())))
 })
+
+describe("a result with its slot's next claim is one round trip", () => {
+  it.live("postgres: one query on the wire accepts the result and claims the slot again, and one when nothing is left to claim", () =>
+    Effect.gen(function* () {
+      const name = yield* schema(inject("pgUrl"))
+      const wire = capturing(urlFor(inject("pgUrl"), name))
+      const store = yield* Effect.provide(PgStore.make, yield* Layer.build(wire.layer))
+      const auth = yield* reserved(store)
+      yield* store.recordObservations([{ source: "github", identity: "next", remoteAt: null }], T0)
+      const result = (a: Store.Authority) => ({ ...a, outcome: "clean" as const, finalPhase: null, body: "{}" })
+      let before = wire.sent.length
+      const first = yield* store.submitResultAndClaim(result(auth), { slot: 0, config: Config.defaults })
+      expect(first.receipt.reservationId).toBe(auth.reservationId)
+      expect(first.next).toMatchObject({ identity: "next", slot: 0, issuedAt: auth.now })
+      expect(wire.sent.length - before).toBe(1)
+      before = wire.sent.length
+      const last = yield* store.submitResultAndClaim(result({ deviceId: auth.deviceId, reservationId: first.next!.reservationId, fence: first.next!.fence, now: T0 + 2 }), {
+        slot: 0,
+        config: Config.defaults
+      })
+      expect(last).toMatchObject({ receipt: { reservationId: first.next!.reservationId }, next: null, claimRefused: null })
+      expect(wire.sent.length - before).toBe(1)
+    }).pipe(Effect.scoped))
+})

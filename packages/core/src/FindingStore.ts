@@ -6,7 +6,7 @@ import * as MemoryOperations from "./MemoryOperations.js"
 import * as MemoryStore from "./MemoryStore.js"
 import * as Operations from "./Operations.js"
 import type { Source } from "./Source.js"
-import { Store } from "./Store.js"
+import { Store, resultThenClaim } from "./Store.js"
 import * as WorkerWrite from "./WorkerWrite.js"
 
 /**
@@ -290,8 +290,9 @@ export const layerMemory: Layer.Layer<Store | Operations.Operations | FindingSto
           Effect.forEach(answers, (a, i) => (a._tag === "Right" && !WorkerWrite.isRepeat(a.right) ? recordAfter(inputs[i]) : Effect.void), { discard: true })
         )
     }
+    const withClaim = { ...store, submitResultAndClaim: resultThenClaim(store) }
     // The operator port works on the model's state, which is keyed by the inner store.
-    return Context.make(Store, store).pipe(Context.add(Operations.Operations, MemoryOperations.make(inner)), Context.add(FindingStore, memory))
+    return Context.make(Store, withClaim).pipe(Context.add(Operations.Operations, MemoryOperations.make(inner)), Context.add(FindingStore, memory))
   })
 )
 

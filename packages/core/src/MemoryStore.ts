@@ -10,7 +10,7 @@ import * as Percentile from "./Percentile.js"
 import * as Priority from "./Priority.js"
 import * as Promotion from "./Promotion.js"
 import type { Source } from "./Source.js"
-import { Store, compareAssignmentCounts, type AssignmentCount, type ClaimManyRequest, type ConfigVersion, type CycleTotal, type Device, type Fleet, type StoreShape } from "./Store.js"
+import { Store, compareAssignmentCounts, resultThenClaim, type AssignmentCount, type ClaimManyRequest, type ConfigVersion, type CycleTotal, type Device, type Fleet, type StoreShape } from "./Store.js"
 import * as Target from "./Target.js"
 import * as WorkerWrite from "./WorkerWrite.js"
 import type { Cycle } from "./Discovery.js"
@@ -162,6 +162,8 @@ export const make = (): StoreShape => {
         assignments.set(a.reservationId, { ...a, state, outcome: input.outcome, finalPhase: input.finalPhase, endedAt: input.now })
         return Effect.succeed(receipt)
       }),
+
+    submitResultAndClaim: (input, next) => resultThenClaim(store)(input, next),
 
     submitResults: (inputs) =>
       Effect.forEach(inputs, (input) =>

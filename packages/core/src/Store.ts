@@ -1,4 +1,4 @@
-import { Context, type Effect, type Either } from "effect"
+import { Context, Effect, type Either } from "effect"
 import type { Assignment, Duration, Outcome, Receipt } from "./Assignment.js"
 import type { ManagedConfig } from "./Config.js"
 import type { Cycle, CycleInput } from "./Discovery.js"
@@ -51,6 +51,21 @@ export interface ClaimRequest {
    * client has given up waiting: refused with `ClaimRejected` `deadline_passed`.
    */
   readonly notAfter?: number
+}
+
+/**
+ * The claim that follows a result in `submitResultAndClaim`: a slot of the result's device
+ * and the claim's terms, as in `ClaimRequest`; the device and the time are the result's.
+ */
+export type NextClaim = Omit<ClaimRequest, "deviceId" | "now">
+
+/** What `submitResultAndClaim` did: the result's receipt, then the claim's answer. */
+export interface ResultAndClaim {
+  readonly receipt: Receipt
+  /** The slot's next assignment; null when nothing was pending or the claim was refused. */
+  readonly next: Assignment | null
+  /** Why the claim was refused, when it was; the result stands. */
+  readonly claimRefused: ClaimRejected | null
 }
 
 /** A batch claim: one device takes up to one target for each of the listed free slots. */
@@ -207,6 +222,15 @@ export class Store extends Context.Tag("@scanfleet/core/Store")<
      * result refuses only itself); the answers come in input order.
      */
     readonly submitResults: (inputs: ReadonlyArray<ResultInput>) => Effect.Effect<ReadonlyArray<Either.Either<Receipt, ReservationRefused>>, StoreError>
+    /**
+     * A worker's loop in one call: accepts a result as `submitResult` does, then claims `next.slot`
+     * of the result's device at the result's time as `claim` does. A refused result fails as
+     * `submitResult` fails and claims nothing; a repeated one (its receipt returned again) is
+     * followed by the claim all the same. A refused claim leaves the result accepted and says why
+     * in `claimRefused`. `resultThenClaim` composes it from the two operations; the SQL store on
+     * PostgreSQL runs both in one statement, merged with concurrent calls.
+     */
+    readonly submitResultAndClaim: (input: ResultInput, next: NextClaim) => Effect.Effect<ResultAndClaim, ReservationRefused | StoreError>
     /** Gives an active reservation back: the target returns to pending. */
     readonly release: (auth: Authority) => Effect.Effect<Assignment, ReservationRefused | StoreError>
     /**
@@ -260,3 +284,26 @@ export class Store extends Context.Tag("@scanfleet/core/Store")<
 
 /** The shape of a Store implementation. */
 export type StoreShape = Context.Tag.Service<Store>
+
+/**
+ * `submitResultAndClaim` as the two operations it stands for, in order: the result, then
+ * (once it is accepted) the claim of the next slot at the result's time, a refusal of the
+ * claim kept as `claimRefused`. A store without a faster way uses it as it is; a store with one
+ * (and a decorator of any store) keeps its meaning.
+ */
+export const resultThenClaim =
+  (store: Pick<StoreShape, "submitResult" | "claim">) =>
+  (input: ResultInput, next: NextClaim): Effect.Effect<ResultAndClaim, ReservationRefused | StoreError> =>
+    Effect.flatMap(store.submitResult(input), (receipt) => claimAfter(store, input, next, receipt))
+
+/** The claim of `resultThenClaim`, after the result was accepted with `receipt`. */
+export const claimAfter = (
+  store: Pick<StoreShape, "claim">,
+  input: ResultInput,
+  next: NextClaim,
+  receipt: Receipt
+): Effect.Effect<ResultAndClaim, StoreError> =>
+  store.claim({ ...next, deviceId: input.deviceId, now: input.now }).pipe(
+    Effect.map((a): ResultAndClaim => ({ receipt, next: a, claimRefused: null })),
+    Effect.catchTag("ClaimRejected", (e) => Effect.succeed<ResultAndClaim>({ receipt, next: null, claimRefused: e }))
+  )

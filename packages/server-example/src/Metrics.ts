@@ -120,6 +120,13 @@ export const make = (store: Store.StoreShape): Effect.Effect<{ readonly service:
     progress.inc({ status: "accepted" }, 0)
     progress.inc({ status: "duplicate" }, 0)
 
+    const resultCounted = (input: Store.ResultInput, receipt: Assignment.Receipt) =>
+      Effect.flatMap(store.getAssignment(input.reservationId).pipe(Effect.option), (a) =>
+        Effect.sync(() => {
+          if (a._tag === "Some" && !WorkerWrite.isRepeat(receipt)) results.inc({ source: a.value.source, outcome: receipt.outcome })
+        }).pipe(Effect.zipRight(a._tag === "Some" && !WorkerWrite.isRepeat(receipt) ? observeDurations(a.value, receipt.outcome, receipt.acceptedAt) : Effect.void))
+      )
+
     const instrumented: Store.StoreShape = {
       ...store,
       recordObservations: (batch, now) =>
@@ -144,12 +151,12 @@ export const make = (store: Store.StoreShape): Effect.Effect<{ readonly service:
             for (const x of r.results) progress.inc({ status: x.status })
           })
         ),
-      submitResult: (input) =>
-        Effect.tap(store.submitResult(input), (receipt) =>
-          Effect.flatMap(store.getAssignment(input.reservationId).pipe(Effect.option), (a) =>
-            Effect.sync(() => {
-              if (a._tag === "Some" && !WorkerWrite.isRepeat(receipt)) results.inc({ source: a.value.source, outcome: receipt.outcome })
-            }).pipe(Effect.zipRight(a._tag === "Some" && !WorkerWrite.isRepeat(receipt) ? observeDurations(a.value, receipt.outcome, receipt.acceptedAt) : Effect.void))
+      submitResult: (input) => Effect.tap(store.submitResult(input), (receipt) => resultCounted(input, receipt)),
+      submitResultAndClaim: (input, next) =>
+        Effect.tap(store.submitResultAndClaim(input, next), (r) =>
+          Effect.zipRight(
+            resultCounted(input, r.receipt),
+            Effect.sync(() => r.next && claims.inc({ source: r.next.source }))
           )
         ),
       submitResults: (inputs) =>

@@ -29,6 +29,14 @@ type Cmd =
   | { readonly _tag: "progress"; readonly pick: number; readonly mode: "next" | "random" | "duplicate" | "conflict"; readonly phase: number; readonly skip: number; readonly count: number }
   | { readonly _tag: "complete"; readonly pick: number; readonly outcome: Assignment.Outcome }
   | { readonly _tag: "completeMany"; readonly picks: ReadonlyArray<number>; readonly outcome: Assignment.Outcome; readonly stale: number }
+  | {
+      readonly _tag: "completeAndClaim"
+      readonly pick: number
+      readonly outcome: Assignment.Outcome
+      readonly slot: number
+      readonly stale: boolean
+      readonly sourceCap: number | undefined
+    }
   | { readonly _tag: "release"; readonly pick: number }
   | { readonly _tag: "stale"; readonly pick: number }
   | { readonly _tag: "expire"; readonly maxAttempts: number; readonly limit: number }
@@ -91,6 +99,18 @@ const cmd: fc.Arbitrary<Cmd> = fc.oneof(
       picks: fc.array(fc.nat(), { maxLength: 4 }),
       outcome: fc.constantFrom(...Assignment.outcomes),
       stale: fc.integer({ min: -1, max: 3 })
+    })
+  },
+  {
+    weight: 2,
+    // a result with the claim of a slot of its device (mostly its own; sometimes another, busy or out of range)
+    arbitrary: fc.record({
+      _tag: fc.constant("completeAndClaim" as const),
+      pick: fc.nat(),
+      outcome: fc.constantFrom(...Assignment.outcomes),
+      slot: fc.constantFrom(-1, -1, -1, 0, 1, 2),
+      stale: fc.constantFrom(false, false, false, false, true),
+      sourceCap: fc.option(fc.integer({ min: 0, max: 2 }), { nil: undefined, freq: 4 })
     })
   },
   { weight: 1, arbitrary: fc.record({ _tag: fc.constant("release" as const), pick: fc.nat() }) },
@@ -184,6 +204,17 @@ const step = (
               return { ...auth(a), fence: i === c.stale ? a.fence - 1 : a.fence, outcome: c.outcome, finalPhase: a.lastPhase, body: "{}" }
             })
       ), (rs) => rs.map((r) => (Either.isRight(r) ? { receipt: r.right } : { refused: r.left.reason })))
+    case "completeAndClaim":
+      // slot -1: the result's own slot
+      return picked
+        ? Effect.map(
+            s.submitResultAndClaim(
+              { ...auth(picked), fence: c.stale ? picked.fence - 1 : picked.fence, outcome: c.outcome, finalPhase: picked.lastPhase, body: "{}" },
+              { slot: c.slot < 0 ? picked.slot : c.slot, config, sourceCap: c.sourceCap }
+            ),
+            (r) => ({ receipt: r.receipt, next: r.next, claimRefused: r.claimRefused && { reason: r.claimRefused.reason, holder: r.claimRefused.holder ?? null } })
+          )
+        : Effect.void
     case "release":
       return picked ? s.release(auth(picked)) : Effect.void
     case "stale":
@@ -221,7 +252,8 @@ const runOne = (makeStore: () => Layer.Layer<Store.Store, unknown>, makeModel: (
   )
 
 /**
- * Checks that random sequences of discover, promote, claim (one slot or a batch), progress, complete (one result or a batch),
+ * Checks that random sequences of discover, promote, claim (one slot or a batch), progress, complete (one result, a batch, or a result
+ * with its slot's next claim),
  * fail, release, expire and clock advances give the same results and the same
  * observable state on the backend as on core's model.
  */

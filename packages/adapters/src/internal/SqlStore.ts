@@ -204,6 +204,58 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
       )
   })
 
+  // Postgres, without a fleet-wide cap or a client deadline: results, each followed by the claim
+  // of its device's next slot, merged into one statement while batches are in flight (as
+  // single claims and results are; one reservation once, one (device, slot) once). Null: the
+  // statement did not accept the result (a refusal, a repeat, a race, open findings), or the
+  // schema refused the whole statement; `slotOk`: the claim passed its checks, so a missing
+  // `next` means nothing was pending.
+  type Paired = { readonly input: Store.ResultInput; readonly next: Store.NextClaim }
+  type PairedAnswer = { readonly receipt: Assignment.Receipt; readonly next: Assignment.Assignment | null; readonly slotOk: boolean }
+  const acceptClaimOne = Coalesce.make<Paired, PairedAnswer | null, Errors.StoreError>({
+    max: 64,
+    inFlight: 2,
+    fits: (x, batch) =>
+      batch.length === 0 ||
+      (batch[0].next.config === x.next.config &&
+        sameSources(batch[0].next.sources, x.next.sources) &&
+        batch.every((b) => b.input.reservationId !== x.input.reservationId && (b.input.deviceId !== x.input.deviceId || b.next.slot !== x.next.slot))),
+    run: (batch) =>
+      Effect.flatMap(policies(batch[0].next.config), (interned) => retryConflicts(mapped(resultAndClaimStatement(batch, interned)))).pipe(
+        Effect.catchIf((e) => e.reason === "constraint", () => Effect.succeed(new Map<number, PairedAnswer>())),
+        Effect.map((answers) => batch.map((_, i) => Exit.succeed(answers.get(i) ?? null)))
+      )
+  })
+
+  // The statement of acceptClaimOne: acceptMany's steps, then the claim statement's steps over the
+  // devices and slots of the results it accepted, each reservation it ended freeing its slot.
+  function resultAndClaimStatement(batch: ReadonlyArray<Paired>, interned: Policies.Interned) {
+    const inputs = batch.map((b) => b.input)
+    const reqs = batch.map((b) => ({ deviceId: b.input.deviceId, slot: b.next.slot, now: b.input.now }))
+    const { ctes, receipts } = SubmitResults.steps(sql, inputs, false)
+    return Effect.map(
+      sql<Row>`${sql.literal(Prepared.marker)}
+        WITH ${ctes}, nx AS (
+          SELECT * FROM unnest(${inputs.map((i) => i.reservationId)}::bigint[], ${reqs.map((r) => r.slot)}::int[], ${reqs.map((r) => r.now)}::bigint[])
+            WITH ORDINALITY AS n(reservation_id, slot, now, ord)
+        ), req AS (
+          SELECT u.device_id, nx.slot, nx.now, nx.ord, u.reservation_id AS freed FROM u JOIN nx ON nx.reservation_id = u.reservation_id
+        ), ${claimSteps(batch[0].next, interned, false)}
+        SELECT u.reservation_id AS done_id, EXISTS (SELECT 1 FROM g WHERE g.freed = u.reservation_id) AS slot_ok, c.*
+        FROM u LEFT JOIN (SELECT ct.*, ins.reservation_id AS fast_reservation_id FROM ct JOIN ins ON ins.target_id = ct.id) c ON c.r_freed = u.reservation_id`,
+      (rows) => {
+        const at = new Map(inputs.map((i, k) => [i.reservationId, k]))
+        const out = new Map<number, PairedAnswer>()
+        for (const r of rows) {
+          const id = Number(r.done_id)
+          const next = r.fast_reservation_id === null || r.fast_reservation_id === undefined ? null : claimedRow(r, reqs, batch[0].next)
+          out.set(at.get(id)!, { receipt: receipts.get(id)!, next, slotOk: r.slot_ok === true })
+        }
+        return out
+      }
+    )
+  }
+
   const store: Store.StoreShape = {
     recordObservations: (batch, now) =>
       retryConflicts(isPg ? mapped(Record.pg(sql, batch, now)) : transaction(Record.sqlite(sql, batch, now))),
@@ -284,6 +336,23 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
         }
         return answers
       }),
+
+    submitResultAndClaim: (input, next) =>
+      isPg &&
+      acceptable(input) &&
+      !Findings.carriesFindings(input.outcome, input.body) &&
+      next.sourceCap === undefined &&
+      next.notAfter === undefined &&
+      fastClaimable({ deviceId: input.deviceId, now: input.now, config: next.config, sources: next.sources }, [next.slot])
+        ? Effect.flatMap(acceptClaimOne({ input, next }), (fast) =>
+            fast === null
+              ? Store.resultThenClaim(store)(input, next)
+              : fast.slotOk
+                ? Effect.succeed<Store.ResultAndClaim>({ receipt: fast.receipt, next: fast.next, claimRefused: null })
+                : // the claim did not pass its checks: the claim on its own names the reason
+                  Store.claimAfter(store, input, next, fast.receipt)
+          )
+        : Store.resultThenClaim(store)(input, next),
 
     release: (auth) =>
       transaction(
@@ -691,55 +760,67 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
     interned: Policies.Interned,
     whole: boolean
   ) {
-    const sources = shared.sources ?? Source.sources
     return Effect.map(
-          sql<Row>`${sql.literal(Prepared.marker)}
-            WITH req AS (
-              SELECT * FROM unnest(${reqs.map((r) => r.deviceId)}::bigint[], ${reqs.map((r) => r.slot)}::int[], ${reqs.map((r) => r.now)}::bigint[])
-                WITH ORDINALITY AS r(device_id, slot, now, ord)
-            ), pol AS (
-              SELECT id, source, scan_ms::bigint AS scan_ms, upload_ms::bigint AS upload_ms, expiry_ms::bigint AS expiry_ms FROM policies WHERE id = ANY (${interned.ids}::int[])
-            ), ok AS (
-              SELECT req.*, d.slots FROM req JOIN devices d ON d.id = req.device_id
-              WHERE d.revoked_at IS NULL AND req.slot >= 0 AND req.slot < d.slots
-                -- a subplan run for each request (OFFSET 0 keeps it from becoming an anti join), so it probes
-                -- the slot index by (device, slot): planned after an analyse that found few active
-                -- reservations, the anti join scanned a whole partial index for each request, over every
-                -- entry ended reservations left in it until a vacuum (1,300 buffers a claim; with 0015 the
-                -- expiry index cannot serve this check at all; plans.test.ts)
-                AND NOT EXISTS (SELECT 1 FROM assignments a WHERE a.device_id = d.id AND a.state = 'active' AND a.slot = req.slot OFFSET 0)
-            ), g AS (
-              SELECT ok.*, row_number() OVER (ORDER BY ok.ord) AS k FROM ok
-              WHERE NOT ${whole}::bool OR (SELECT count(*) FROM ok) = (SELECT count(*) FROM req)
-            ), pick AS (
-              -- the claim order from claim_head (migration 0013), each target locked (SKIP LOCKED), as many as asked
-              SELECT c.id, row_number() OVER (ORDER BY c.key, c.id) AS k FROM scanfleet_claimable(${sources}::text[], (SELECT count(*) FROM g)) c
-            ), t AS (
-              UPDATE targets SET status = 'in_progress', covered_remote_at = observed_remote_at, fence = fence + 1,
-                last_scan_started_at = g.now, attempts = attempts + 1
-              FROM pick JOIN g ON g.k = pick.k
-              WHERE targets.id = pick.id AND targets.status = 'pending'
-              RETURNING ${sql.literal(Codec.targetColumns.split(", ").map((c) => `targets.${c}`).join(", "))}, g.device_id AS r_device, g.slot AS r_slot, g.slots AS r_slots, g.now AS r_now, g.ord AS r_ord
-            ), ins AS (
-              INSERT INTO assignments (target_id, source, identity, device_id, device_slots, slot, fence, policy_id, covered_remote_at,
-                issued_at, scan_deadline, upload_deadline, expires_at, state)
-              SELECT t.id, t.source, t.identity, t.r_device, t.r_slots, t.r_slot, t.fence, pol.id, t.covered_remote_at,
-                t.r_now, t.r_now + pol.scan_ms, t.r_now + pol.upload_ms, t.r_now + pol.expiry_ms, 'active'
-              FROM t JOIN pol ON pol.source = t.source
-              RETURNING reservation_id, target_id
-            )
-            SELECT t.*, ins.reservation_id AS fast_reservation_id FROM t JOIN ins ON ins.target_id = t.id`,
-          (rows) => {
-            const out = new Map<number, Assignment.Assignment>()
-            for (const r of rows) {
-              const t = Codec.target(r)
-              const i = Number(r.r_ord) - 1
-              const { policy, deadlines } = Deadline.issueFor(shared.config, t.source, reqs[i].now)
-              out.set(i, Assignment.issued(t, { reservationId: Number(r.fast_reservation_id), deviceId: reqs[i].deviceId, slot: reqs[i].slot }, policy, deadlines))
-            }
-            return out
-          }
-        )
+      sql<Row>`${sql.literal(Prepared.marker)}
+        WITH req AS (
+          SELECT r.*, NULL::bigint AS freed FROM unnest(${reqs.map((r) => r.deviceId)}::bigint[], ${reqs.map((r) => r.slot)}::int[], ${reqs.map((r) => r.now)}::bigint[])
+            WITH ORDINALITY AS r(device_id, slot, now, ord)
+        ), ${claimSteps(shared, interned, whole)}
+        SELECT ct.*, ins.reservation_id AS fast_reservation_id FROM ct JOIN ins ON ins.target_id = ct.id`,
+      (rows) => {
+        const out = new Map<number, Assignment.Assignment>()
+        for (const r of rows) out.set(Number(r.r_ord) - 1, claimedRow(r, reqs, shared))
+        return out
+      }
+    )
+  }
+
+  // The reservation a claim statement's row stands for (the request it answers by `r_ord`, from 1).
+  function claimedRow(r: Row, reqs: ReadonlyArray<{ readonly deviceId: number; readonly slot: number; readonly now: number }>, shared: Pick<Store.ClaimRequest, "config">) {
+    const t = Codec.target(r)
+    const q = reqs[Number(r.r_ord) - 1]
+    const { policy, deadlines } = Deadline.issueFor(shared.config, t.source, q.now)
+    return Assignment.issued(t, { reservationId: Number(r.fast_reservation_id), deviceId: q.deviceId, slot: q.slot }, policy, deadlines)
+  }
+
+  // The claim's common table expressions after `req` (device_id, slot, now, ord from 1, and `freed`:
+  // a reservation of that slot the same statement ends before, or null). `ct` holds the claimed
+  // targets with their request's `r_ord` and `r_freed`, `ins` the reservations stored for them.
+  function claimSteps(shared: Pick<Store.ClaimRequest, "sources">, interned: Policies.Interned, whole: boolean) {
+    const sources = shared.sources ?? Source.sources
+    return sql`pol AS (
+          SELECT id, source, scan_ms::bigint AS scan_ms, upload_ms::bigint AS upload_ms, expiry_ms::bigint AS expiry_ms FROM policies WHERE id = ANY (${interned.ids}::int[])
+        ), ok AS (
+          SELECT req.*, d.slots FROM req JOIN devices d ON d.id = req.device_id
+          WHERE d.revoked_at IS NULL AND req.slot >= 0 AND req.slot < d.slots
+            -- a subplan run for each request (OFFSET 0 keeps it from becoming an anti join), so it probes
+            -- the slot index by (device, slot): planned after an analyse that found few active
+            -- reservations, the anti join scanned a whole partial index for each request, over every
+            -- entry ended reservations left in it until a vacuum (1,300 buffers a claim; with 0015 the
+            -- expiry index cannot serve this check at all; plans.test.ts). The reservation this
+            -- statement ends on the slot still reads as active here, in the statement's snapshot.
+            AND NOT EXISTS (SELECT 1 FROM assignments a WHERE a.device_id = d.id AND a.state = 'active' AND a.slot = req.slot
+              AND a.reservation_id IS DISTINCT FROM req.freed OFFSET 0)
+        ), g AS (
+          SELECT ok.*, row_number() OVER (ORDER BY ok.ord) AS k FROM ok
+          WHERE NOT ${whole}::bool OR (SELECT count(*) FROM ok) = (SELECT count(*) FROM req)
+        ), pick AS (
+          -- the claim order from claim_head (migration 0013), each target locked (SKIP LOCKED), as many as asked
+          SELECT c.id, row_number() OVER (ORDER BY c.key, c.id) AS k FROM scanfleet_claimable(${sources}::text[], (SELECT count(*) FROM g)) c
+        ), ct AS (
+          UPDATE targets SET status = 'in_progress', covered_remote_at = observed_remote_at, fence = fence + 1,
+            last_scan_started_at = g.now, attempts = attempts + 1
+          FROM pick JOIN g ON g.k = pick.k
+          WHERE targets.id = pick.id AND targets.status = 'pending'
+          RETURNING ${sql.literal(Codec.targetColumns.split(", ").map((c) => `targets.${c}`).join(", "))}, g.device_id AS r_device, g.slot AS r_slot, g.slots AS r_slots, g.now AS r_now, g.ord AS r_ord, g.freed AS r_freed
+        ), ins AS (
+          INSERT INTO assignments (target_id, source, identity, device_id, device_slots, slot, fence, policy_id, covered_remote_at,
+            issued_at, scan_deadline, upload_deadline, expires_at, state)
+          SELECT ct.id, ct.source, ct.identity, ct.r_device, ct.r_slots, ct.r_slot, ct.fence, pol.id, ct.covered_remote_at,
+            ct.r_now, ct.r_now + pol.scan_ms, ct.r_now + pol.upload_ms, ct.r_now + pol.expiry_ms, 'active'
+          FROM ct JOIN pol ON pol.source = ct.source
+          RETURNING reservation_id, target_id
+        )`
   }
 
   // One statement for any number of observations: columns as arrays (Postgres) or one JSON

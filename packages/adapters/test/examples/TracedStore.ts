@@ -19,6 +19,7 @@ export const traced = (inner: Store.StoreShape): Store.StoreShape => {
     appendProgress: wrap("appendProgress", inner.appendProgress),
     submitResult: wrap("submitResult", inner.submitResult),
     submitResults: wrap("submitResults", inner.submitResults),
+    submitResultAndClaim: wrap("submitResultAndClaim", inner.submitResultAndClaim),
     release: wrap("release", inner.release),
     expireDue: wrap("expireDue", inner.expireDue),
     getAssignment: wrap("getAssignment", inner.getAssignment),

@@ -17,11 +17,24 @@ import * as Prepared from "../Prepared.js"
  * findings (core's `Findings.carriesFindings`) to the transactional path.
  */
 export const acceptMany = (sql: SqlClient.SqlClient, inputs: ReadonlyArray<Store.ResultInput>, relating = false) => {
-  const plans = inputs.map((i) => WorkerWrite.resultPlan(i, i.outcome, i.now))
-  const receipts = new Map<number, Assignment.Receipt>(plans.map((p) => [p.receipt.reservationId, p.receipt]))
+  const { ctes, receipts } = steps(sql, inputs, relating)
   return Effect.map(
     sql<{ reservation_id: number }>`${sql.literal(Prepared.marker)}
-      WITH inp AS (
+      WITH ${ctes}
+      SELECT reservation_id FROM u`,
+    (rows) => new Map(rows.map((r) => [Number(r.reservation_id), receipts.get(Number(r.reservation_id))!]))
+  )
+}
+
+/**
+ * The common table expressions of `acceptMany`, for a statement that goes on from them (`u`
+ * holds the `reservation_id` and `device_id` of each reservation a result ended), and the receipt
+ * each input gets if accepted, by reservation id.
+ */
+export const steps = (sql: SqlClient.SqlClient, inputs: ReadonlyArray<Store.ResultInput>, relating: boolean) => {
+  const plans = inputs.map((i) => WorkerWrite.resultPlan(i, i.outcome, i.now))
+  const receipts = new Map<number, Assignment.Receipt>(plans.map((p) => [p.receipt.reservationId, p.receipt]))
+  const ctes = sql`inp AS (
         SELECT * FROM unnest(${inputs.map((i) => i.reservationId)}::bigint[], ${inputs.map((i) => i.deviceId)}::bigint[], ${inputs.map((i) => i.fence)}::bigint[],
           ${inputs.map((i) => i.now)}::bigint[], ${inputs.map((i) => i.outcome)}::text[], ${inputs.map((i) => i.finalPhase)}::text[],
           ${inputs.map((i) => i.body)}::text[], ${plans.map((p) => p.targetStatus)}::text[], ${plans.map((p) => p.state)}::text[])
@@ -54,11 +67,9 @@ export const acceptMany = (sql: SqlClient.SqlClient, inputs: ReadonlyArray<Store
       ), u AS (
         UPDATE assignments SET state = t.state, outcome = t.outcome, final_phase = t.final_phase, ended_at = t.now, result_body = t.body
         FROM t WHERE assignments.reservation_id = t.reservation_id
-        RETURNING assignments.reservation_id
+        RETURNING assignments.reservation_id, assignments.device_id
       ), p AS (
         INSERT INTO duration_pending (reservation_id) SELECT reservation_id FROM u
-      )
-      SELECT reservation_id FROM u`,
-    (rows) => new Map(rows.map((r) => [Number(r.reservation_id), receipts.get(Number(r.reservation_id))!]))
-  )
+      )`
+  return { ctes, receipts }
 }
