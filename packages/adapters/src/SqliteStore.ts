@@ -35,9 +35,7 @@ export const make: Effect.Effect<Store.StoreShape, Errors.StoreError, SqlClient.
   const base = yield* SqlStore.make
   const database = yield* Database
   const hot = yield* Effect.try({ try: () => Hot.make(database, base), catch: (e) => new Errors.StoreError({ reason: "internal", message: `preparing the SQLite statements: ${String(e)}`, cause: e }) })
-  // the hot path's result and claim, in order (one call of a worker's loop)
-  const store = { ...base, ...hot }
-  return { ...store, submitResultAndClaim: Store.resultThenClaim(store) }
+  return { ...base, ...hot }
 })
 
 /** The Store, the operator port and the FindingStore over a database opened by `clientLayer` (or its own), migrating first. */

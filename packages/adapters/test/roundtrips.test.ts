@@ -139,4 +139,21 @@ describe("a result with its slot's next claim is one round trip", () => {
       expect(last).toMatchObject({ receipt: { reservationId: first.next!.reservationId }, next: null, claimRefused: null })
       expect(wire.sent.length - before).toBe(1)
     }).pipe(Effect.scoped))
+
+  it.live("sqlite: prepared statements for the pair, and for one whose claim is refused; none compiled per call", () =>
+    Effect.gen(function* () {
+      const store = yield* Store.Store
+      const auth = yield* reserved(store)
+      yield* store.recordObservations([{ source: "github", identity: "next", remoteAt: null }], T0)
+      const result = (a: Store.Authority) => ({ ...a, outcome: "clean" as const, finalPhase: null, body: "{}" })
+      const first = yield* countStatements(store.submitResultAndClaim(result(auth), { slot: 0, config: Config.defaults }))
+      expect(first.value.next).toMatchObject({ identity: "next", slot: 0 })
+      expect(first.statements).toBe(0)
+      const next = first.value.next!
+      const refused = yield* countStatements(
+        store.submitResultAndClaim(result({ deviceId: auth.deviceId, reservationId: next.reservationId, fence: next.fence, now: T0 + 2 }), { slot: 1, config: Config.defaults })
+      )
+      expect(refused.value).toMatchObject({ receipt: { reservationId: next.reservationId }, next: null, claimRefused: { reason: "capacity" } })
+      expect(refused.statements).toBe(0)
+    }).pipe(Effect.provide(freshSqlite())))
 })

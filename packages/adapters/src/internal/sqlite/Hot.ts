@@ -1,6 +1,6 @@
 import type Sqlite from "better-sqlite3"
 import { Effect, Either } from "effect"
-import { Assignment, Claim, type Config, Deadline, Errors, Findings, type PhaseModel, Priority, type Store, Target, WorkerWrite } from "@scanfleet/core"
+import { Assignment, Claim, type Config, Deadline, Errors, Findings, type PhaseModel, Priority, Store, Target, WorkerWrite } from "@scanfleet/core"
 import * as Codec from "../Codec.js"
 import * as Policies from "../Policies.js"
 import { mapped, toStoreError } from "../SqlErrors.js"
@@ -85,6 +85,25 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
     return r.right
   })
   const resultsTx = transaction<ReadonlyArray<Store.ResultInput>, ReadonlyArray<Either.Either<Assignment.Receipt, Errors.ReservationRefused>>, Declined>((inputs) => inputs.map(submitOne))
+  // A result, then the claim of the device's next slot in a savepoint of the same transaction: a
+  // refused claim rolls back to the savepoint only, and the result stays.
+  const claimInSavepoint = db.transaction(claimSlots)
+  type Paired = { readonly input: Store.ResultInput; readonly next: Store.NextClaim }
+  type PairedDone = { readonly receipt: Assignment.Receipt; readonly claimed: Claimed | null; readonly refused: Errors.ClaimRejected | null }
+  const claimAfterResult = (p: Paired): Store.ClaimManyRequest => ({ ...p.next, deviceId: p.input.deviceId, now: p.input.now, slots: [p.next.slot] })
+  const resultAndClaimTx = transaction<Paired, PairedDone, Errors.ReservationRefused | Declined, Store.ResultAndClaim>(
+    (p) => {
+      const r = submitOne(p.input)
+      if (Either.isLeft(r)) throw new Refusal(r.left)
+      try {
+        return { receipt: r.right, claimed: claimInSavepoint(claimAfterResult(p)), refused: null }
+      } catch (e) {
+        if (e instanceof Refusal && e.error instanceof Errors.ClaimRejected) return { receipt: r.right, claimed: null, refused: e.error }
+        throw e
+      }
+    },
+    (done, p) => ({ receipt: done.receipt, next: done.claimed === null ? null : (issuedBy(done.claimed, claimAfterResult(p))[0] ?? null), claimRefused: done.refused })
+  )
   const progressTx = transaction<
     { readonly auth: Store.Authority; readonly batch: ReadonlyArray<PhaseModel.Event> },
     { readonly results: ReadonlyArray<Store.Acceptance>; readonly assignment: Assignment.Assignment },
@@ -240,7 +259,7 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
     return { inserted, known: batch.length - inserted.length }
   }
 
-  return {
+  const hot = {
     claim: (req: Store.ClaimRequest) => claimOne({ ...req, slots: [req.slot] }),
     claimMany,
     submitResult: (input: Store.ResultInput) =>
@@ -249,9 +268,18 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
     // a batch with a result that relates findings goes whole to the slow path, which keeps that order.
     submitResults: (inputs: ReadonlyArray<Store.ResultInput>) =>
       inputs.some((i) => Findings.carriesFindings(i.outcome, i.body)) ? slow.submitResults(inputs) : resultsTx(inputs).pipe(Effect.catchIf(isDeclined, () => slow.submitResults(inputs))),
+    // One transaction for both; the two calls in turn where the result relates findings (the slow
+    // path writes them) or the claim has a client deadline (a wait for the write lock ends there).
+    submitResultAndClaim: (input: Store.ResultInput, next: Store.NextClaim) => {
+      const apart = Store.resultThenClaim({ submitResult: hot.submitResult, claim: hot.claim })
+      return Findings.carriesFindings(input.outcome, input.body) || next.notAfter !== undefined
+        ? apart(input, next)
+        : Effect.catchIf(resultAndClaimTx({ input, next }), isDeclined, () => apart(input, next))
+    },
     appendProgress: (auth: Store.Authority, batch: ReadonlyArray<PhaseModel.Event>) => progressTx({ auth, batch }),
     recordObservations: (batch: ReadonlyArray<Target.Observation>, now: number) => recordTx({ batch, now })
   } satisfies Partial<Store.StoreShape>
+  return hot
 }
 
 // The statement set of the hot operations, prepared once per connection.
