@@ -352,6 +352,36 @@ export const findingConformance = (name: string, make: MakeStores, capabilities:
         expect((yield* f.list({ limit: 10 })).findings).toHaveLength(1)
       }))
 
+    test("a result with its slot's next claim relates its findings as submitResult does, and a clean one resolves them", (s, f) =>
+      Effect.gen(function* () {
+        const d = yield* s.addDevice({ name: "d", slots: 1, tokenHash: "h", now: T0 })
+        yield* s.recordObservations([{ source: "github", identity: "p/1", remoteAt: null }, { source: "github", identity: "p/2", remoteAt: null }], T0)
+        const first = (yield* s.claim({ deviceId: d.id, slot: 0, now: T0, config }))!
+        const result = (a: Assignment.Assignment, at: number, ps: ReadonlyArray<Planted>) => ({
+          deviceId: d.id,
+          reservationId: a.reservationId,
+          fence: a.fence,
+          now: at,
+          outcome: ps.length > 0 ? ("findings" as const) : ("clean" as const),
+          finalPhase: "awaiting_receipt" as const,
+          body: body(ps)
+        })
+        const withFindings = yield* s.submitResultAndClaim(result(first, T0 + MIN, [aws(1), aws(2)]), { slot: 0, config })
+        expect(yield* f.scan(first.reservationId)).toMatchObject({ new: 2 })
+        const second = withFindings.next!
+        expect(second.identity).not.toBe(first.identity)
+        // the target scanned with findings comes back; its clean rescan through the pair resolves them
+        yield* s.submitResult(result(second, T0 + 2 * MIN, []))
+        yield* s.recordObservations([{ source: "github", identity: first.identity, remoteAt: T0 + 2 * MIN }], T0 + 3 * MIN)
+        yield* s.promote("github", { budget: 100, cooldownMs: 0 }, T0 + 3 * MIN)
+        const again = (yield* s.claim({ deviceId: d.id, slot: 0, now: T0 + 3 * MIN, config }))!
+        expect(again.identity).toBe(first.identity)
+        const clean = yield* s.submitResultAndClaim(result(again, T0 + 4 * MIN, []), { slot: 0, config })
+        expect(clean).toMatchObject({ receipt: { reservationId: again.reservationId, outcome: "clean" }, next: null, claimRefused: null })
+        expect(yield* f.scan(again.reservationId)).toMatchObject({ new: 0, present: 0, resolved: 2 })
+        expect((yield* f.list({ identity: first.identity, status: "open", limit: 10 })).findings).toHaveLength(0)
+      }))
+
     test("subscribers keep their own position (forward only) and dead letters; a taken dead letter returns its event once", (s, f) =>
       Effect.gen(function* () {
         const d = yield* s.addDevice({ name: "d", slots: 1, tokenHash: "h", now: T0 })
