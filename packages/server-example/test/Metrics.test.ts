@@ -44,4 +44,31 @@ describe("/metrics counts of accepted results", () => {
       await rt.dispose()
     }
   })
+
+  it("a result with its slot's next claim counts the result and the claim, and a repeated pair counts neither again", async () => {
+    const other = sqliteFile()
+    const rt = ManagedRuntime.make(Metrics.layer.pipe(Layer.provideMerge(Database.layer(other.url))))
+    try {
+      const text = await rt.runPromise(
+        Effect.gen(function* () {
+          const store = yield* Store.Store
+          const device = yield* store.addDevice({ name: "p", slots: 1, tokenHash: "p", now: T0 })
+          yield* store.recordObservations(["p/a", "p/b"].map((identity) => ({ source: "github" as const, identity, remoteAt: null })), T0)
+          const a = yield* store.claim({ deviceId: device.id, slot: 0, now: T0, config: Config.defaults })
+          const input = { deviceId: device.id, reservationId: a!.reservationId, fence: a!.fence, now: T0 + 1000, outcome: "clean" as const, finalPhase: null, body: "{}" }
+          const pair = yield* store.submitResultAndClaim(input, { slot: 0, config: Config.defaults })
+          expect(pair.next).not.toBeNull()
+          // the same pair again: the receipt repeats and the slot is held by the claim just made
+          expect(yield* store.submitResultAndClaim(input, { slot: 0, config: Config.defaults })).toMatchObject({ next: null, claimRefused: { reason: "slot_busy" } })
+          return yield* Effect.flatMap(Metrics.Metrics, (m) => m.text)
+        })
+      )
+      expect(count(text, "scanfleet_results_total")).toBe(1)
+      expect(count(text, "scanfleet_assignment_duration_seconds_count")).toBe(1)
+      expect(count(text, "scanfleet_claims_total")).toBe(2)
+    } finally {
+      await rt.dispose()
+      other.cleanup()
+    }
+  })
 })

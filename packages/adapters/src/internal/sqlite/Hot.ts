@@ -270,15 +270,14 @@ export const make = (database: Database, slow: Pick<Store.StoreShape, "submitRes
       inputs.some((i) => Findings.carriesFindings(i.outcome, i.body)) ? slow.submitResults(inputs) : resultsTx(inputs).pipe(Effect.catchIf(isDeclined, () => slow.submitResults(inputs))),
     // One transaction for both; the two calls in turn where the result relates findings (the slow
     // path writes them) or the claim has a client deadline (a wait for the write lock ends there).
-    submitResultAndClaim: (input: Store.ResultInput, next: Store.NextClaim) => {
-      const apart = Store.resultThenClaim({ submitResult: hot.submitResult, claim: hot.claim })
-      return Findings.carriesFindings(input.outcome, input.body) || next.notAfter !== undefined
+    submitResultAndClaim: (input: Store.ResultInput, next: Store.NextClaim) =>
+      Findings.carriesFindings(input.outcome, input.body) || next.notAfter !== undefined
         ? apart(input, next)
-        : Effect.catchIf(resultAndClaimTx({ input, next }), isDeclined, () => apart(input, next))
-    },
+        : Effect.catchIf(resultAndClaimTx({ input, next }), isDeclined, () => apart(input, next)),
     appendProgress: (auth: Store.Authority, batch: ReadonlyArray<PhaseModel.Event>) => progressTx({ auth, batch }),
     recordObservations: (batch: ReadonlyArray<Target.Observation>, now: number) => recordTx({ batch, now })
   } satisfies Partial<Store.StoreShape>
+  const apart = Store.resultThenClaim(hot)
   return hot
 }
 
