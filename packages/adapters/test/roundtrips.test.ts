@@ -157,3 +157,22 @@ describe("a result with its slot's next claim is one round trip", () => {
       expect(refused.statements).toBe(0)
     }).pipe(Effect.provide(freshSqlite())))
 })
+
+describe("concurrent claims merge whenever their configurations are equal, not only when they are one object", () => {
+  it.live("postgres: 8 claims with 8 copies of one configuration (as a server reads it afresh for each request) take at most 2 statements", () =>
+    Effect.gen(function* () {
+      const name = yield* schema(inject("pgUrl"))
+      const wire = capturing(urlFor(inject("pgUrl"), name), 10)
+      const store = yield* Effect.provide(PgStore.make, yield* Layer.build(wire.layer))
+      const devices = yield* Effect.forEach(Array.from({ length: 8 }, (_, i) => i), (i) => store.addDevice({ name: `copy-${i}`, slots: 2, tokenHash: `copy-${i}`, now: T0 }))
+      yield* store.recordObservations(Array.from({ length: 20 }, (_, i) => ({ source: "github" as const, identity: `copies/${i}`, remoteAt: null })), T0)
+      // the configuration's policies interned once, by content
+      yield* store.claim({ deviceId: devices[0].id, slot: 1, now: T0, config: structuredClone(Config.defaults) })
+      const claims = (slot: number) => devices.map((d) => store.claim({ deviceId: d.id, slot, now: T0 + 1, config: structuredClone(Config.defaults) }))
+      const before = wire.sent.length
+      const claimed = yield* Effect.all(claims(0), { concurrency: "unbounded" })
+      expect(claimed.every((a) => a !== null)).toBe(true)
+      expect(new Set(claimed.map((a) => a!.targetId)).size).toBe(8)
+      expect(wire.sent.length - before).toBeLessThanOrEqual(2)
+    }).pipe(Effect.scoped))
+})

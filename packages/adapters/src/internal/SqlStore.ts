@@ -197,7 +197,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
   const claimOne = Coalesce.make<Store.ClaimRequest, Assignment.Assignment | null, Errors.StoreError>({
     max: 64,
     inFlight: 2,
-    fits: (r, batch) => batch.length === 0 || (batch[0].config === r.config && sameSources(batch[0].sources, r.sources) && batch.every((b) => b.deviceId !== r.deviceId || b.slot !== r.slot)),
+    fits: (r, batch) => batch.length === 0 || (sameConfig(batch[0].config, r.config) && sameSources(batch[0].sources, r.sources) && batch.every((b) => b.deviceId !== r.deviceId || b.slot !== r.slot)),
     run: (batch) =>
       Effect.map(claimFast(batch.map((r) => ({ deviceId: r.deviceId, slot: r.slot, now: r.now })), batch[0], false), (taken) =>
         batch.map((_, i) => Exit.succeed(taken?.get(i) ?? null))
@@ -217,7 +217,7 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
     inFlight: 2,
     fits: (x, batch) =>
       batch.length === 0 ||
-      (batch[0].next.config === x.next.config &&
+      (sameConfig(batch[0].next.config, x.next.config) &&
         sameSources(batch[0].next.sources, x.next.sources) &&
         batch.every((b) => b.input.reservationId !== x.input.reservationId && (b.input.deviceId !== x.input.deviceId || b.next.slot !== x.next.slot))),
     run: (batch) =>
@@ -840,6 +840,10 @@ export const make: Effect.Effect<Store.StoreShape, never, SqlClient.SqlClient> =
 
   return store
 })
+
+// Configurations whose policies are equal issue the same reservations, so their claims may share a
+// statement: a server reads its configuration afresh for each request, a new object each time.
+const sameConfig = (a: Store.ClaimRequest["config"], b: Store.ClaimRequest["config"]) => a === b || Policies.rowsOf(a).key === Policies.rowsOf(b).key
 
 // Sources in a request: absent means all of them.
 const sameSources = (a: ReadonlyArray<Source.Source> | undefined, b: ReadonlyArray<Source.Source> | undefined) =>
