@@ -32,6 +32,9 @@ export interface Fleet {
   /**
    * Claims one pending target for a device slot, or resolves `null` when none is pending. The
    * managed configuration in force (or the defaults) sets its deadlines unless `config` is given.
+   * It is read at most once a second (`Store.configInForce`): a version applied through this
+   * fleet's `store.applyConfig` counts from the next claim, one applied by another process within
+   * a second.
    */
   readonly claim: (req: {
     readonly deviceId: number
@@ -111,9 +114,20 @@ export const openFleet = async (options: Options): Promise<Fleet> => {
     Object.entries(store).map(([name, f]) => [name, (...args: Array<unknown>) => run((f as (...a: Array<unknown>) => Effect.Effect<unknown, unknown>)(...args))])
   ) as unknown as PromiseStore
   const at = (now: number | undefined) => now ?? Date.now()
-  const configured = async (config: Config.ManagedConfig | undefined) => config ?? (await promised.activeConfig())?.document ?? Config.defaults
+  const inForce = unwrap(await runtime.runPromiseExit(Store.configInForce(store)))
+  const configured = async (config: Config.ManagedConfig | undefined) => config ?? (await run(inForce.current)).document
   return {
-    store: promised,
+    store: {
+      ...promised,
+      // Claims that follow see the version applied here, whether or not its answer arrived.
+      applyConfig: async (...args) => {
+        try {
+          return await promised.applyConfig(...args)
+        } finally {
+          if (!closed) await runtime.runPromise(inForce.invalidate)
+        }
+      }
+    },
     recordObservations: (batch, now) => promised.recordObservations(batch, at(now)),
     promote: (source, rule, now) => promised.promote(source, rule, at(now)),
     claim: async ({ config, now, ...req }) => promised.claim({ ...req, now: at(now), config: await configured(config) }),

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Config, Errors, Store } from "@scanfleet/core"
-import { Effect, Layer } from "effect"
+import { Duration, Effect, Layer } from "effect"
 import { mkdtempSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -79,5 +79,31 @@ describe("openFleet", () => {
       db.cleanup()
     }
     await expect(fleet.promote("github", { budget: 1, cooldownMs: 0 })).rejects.toMatchObject({ _tag: "StoreError", reason: "unavailable" })
+  })
+
+  it("claims follow the configuration in force: one applied through this fleet from the next claim, one applied by another process within Store.inForceTtl", async () => {
+    const db = sqliteFile()
+    const fleet = await Fleet.openFleet({ database: db.url })
+    const other = await Fleet.openFleet({ database: db.url })
+    try {
+      const device = await fleet.store.addDevice({ name: "d", slots: 8, tokenHash: "h", now: Date.now() })
+      let slot = 0
+      const ttl = async () => {
+        await fleet.recordObservations([{ source: "github", identity: `in-force/${slot}`, remoteAt: null }])
+        const a = await fleet.claim({ deviceId: device.id, slot: slot++ })
+        return a!.policy.ttlSeconds
+      }
+      const withTtl = (ttlSeconds: number): Config.ManagedConfig => ({ ...Config.defaults, assignments: { ...Config.defaults.assignments, globalTtlSeconds: ttlSeconds } })
+      expect(await ttl()).toBe(Config.defaults.assignments.globalTtlSeconds)
+      await fleet.store.applyConfig(withTtl(4321), "here", Date.now())
+      expect(await ttl()).toBe(4321)
+      await other.store.applyConfig(withTtl(5432), "another process", Date.now())
+      await new Promise((r) => setTimeout(r, Duration.toMillis(Store.inForceTtl) + 100))
+      expect(await ttl()).toBe(5432)
+    } finally {
+      await other.close()
+      await fleet.close()
+      db.cleanup()
+    }
   })
 })

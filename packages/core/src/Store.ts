@@ -1,6 +1,6 @@
-import { Context, Effect, type Either } from "effect"
+import { Context, Duration as EffectDuration, Effect, type Either } from "effect"
 import type { Assignment, Duration, Outcome, Receipt } from "./Assignment.js"
-import type { ManagedConfig } from "./Config.js"
+import { defaults, type ManagedConfig } from "./Config.js"
 import type { Cycle, CycleInput } from "./Discovery.js"
 import type { ClaimRejected, NotFound, ProgressRejected, ReservationRefused, StoreError } from "./Errors.js"
 import type { Metric, Summary } from "./Percentile.js"
@@ -158,6 +158,41 @@ export interface ConfigVersion {
   readonly appliedBy: string
   readonly appliedAt: number
 }
+
+/** The managed configuration in force: the last applied version's document, else `Config.defaults`. */
+export interface InForce {
+  readonly document: ManagedConfig
+  /** The version it is; null when none was ever applied (the defaults are in force). */
+  readonly version: ConfigVersion | null
+}
+
+/** The configuration in force given the last applied version (`activeConfig`'s answer). */
+export const inForce = (version: ConfigVersion | null): InForce => ({ document: version === null ? defaults : version.document, version })
+
+/** How long `configInForce` keeps its copy of the configuration in force. */
+export const inForceTtl = EffectDuration.seconds(1)
+
+/** The configuration in force as claims read it (`configInForce`). */
+export interface InForceCache {
+  /** The copy, read again once `inForceTtl` has passed or after `invalidate`. */
+  readonly current: Effect.Effect<InForce, StoreError>
+  /** Drops the copy: a version applied through this process counts from the next read. */
+  readonly invalidate: Effect.Effect<void>
+}
+
+/**
+ * The configuration in force for a process's claims, kept for `ttl`: a claim then costs no read
+ * of its own (on PostgreSQL, one statement less), and claims made meanwhile pass one object, which
+ * merged claims compare by identity first. A version applied through this process counts at once
+ * once its caller invalidates; one applied through another process or server instance on the
+ * same database counts within `ttl`. Each assignment records the policy it was given, whichever
+ * that was. A failed read is not kept.
+ */
+export const configInForce = (store: Pick<StoreShape, "activeConfig">, ttl: EffectDuration.DurationInput = inForceTtl): Effect.Effect<InForceCache> =>
+  Effect.map(Effect.cachedInvalidateWithTTL(Effect.map(store.activeConfig(), inForce), ttl), ([cached, invalidate]) => ({
+    current: Effect.tapError(cached, () => invalidate),
+    invalidate
+  }))
 
 /** Assignments counted by state, source, outcome and last accepted phase, for dashboards and metrics. */
 export interface AssignmentCount {

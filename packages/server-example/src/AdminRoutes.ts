@@ -4,6 +4,7 @@ import { Clock, Effect, Either } from "effect"
 import type { z } from "zod"
 import { ApiError, fromNotFound, fromStoreError } from "./ApiError.js"
 import * as Auth from "./Auth.js"
+import * as Controls from "./Controls.js"
 import * as Audited from "./internal/Audited.js"
 import * as Managed from "./internal/Managed.js"
 import * as Request from "./internal/Request.js"
@@ -49,6 +50,8 @@ const apply = Effect.gen(function* () {
   const by = yield* Request.actorHeader
   const now = yield* Clock.currentTimeMillis
   const v = yield* storeOp(Audited.applyConfig(doc, by, now))
+  // This instance's next claim is issued under it; other instances' within Controls.cacheTtl.
+  yield* Effect.flatMap(Controls.Controls, (c) => c.invalidate)
   yield* Effect.logInfo("configuration applied").pipe(Effect.annotateLogs({ version: v.version, appliedBy: by }))
   return ok(configView(v), 201)
 })
@@ -202,7 +205,7 @@ const summary = Effect.gen(function* () {
 })
 
 /** The admin API routes. */
-export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Operations.Operations | Settings> = HttpRouter.empty.pipe(
+export const router: HttpRouter.HttpRouter<ApiError, Store.Store | Operations.Operations | Controls.Controls | Settings> = HttpRouter.empty.pipe(
   HttpRouter.post("/v1/admin/config/preview", preview),
   HttpRouter.post("/v1/admin/config/apply", apply),
   HttpRouter.get("/v1/admin/config", getConfig),

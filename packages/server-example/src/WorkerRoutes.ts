@@ -12,7 +12,6 @@ import {
 import * as Auth from "./Auth.js"
 import * as Controls from "./Controls.js"
 import * as FindingIntake from "./FindingIntake.js"
-import * as Managed from "./internal/Managed.js"
 import * as Request from "./internal/Request.js"
 import { Settings } from "./ServerConfig.js"
 import * as Views from "./Views.js"
@@ -64,10 +63,11 @@ const claim = Effect.gen(function* () {
       new ApiError({ status: 400, error: "invalid_body", message: `slot must be below the device's ${device.slots} slots`, issues: [{ path: ["slot"], message: `must be between 0 and ${device.slots - 1}` }] })
     )
   const store = yield* Store.Store
-  const { document } = yield* Managed.current
+  const controls = yield* Controls.Controls
+  const { document } = yield* controls.inForce
   const now = yield* Clock.currentTimeMillis
   if (notAfter !== undefined && now > notAfter) return yield* Effect.fail(fromClaimRejected(Claim.deadlinePassed(notAfter)))
-  const sources = yield* Effect.flatMap(Controls.Controls, (c) => c.claimable(device.id, undefined))
+  const sources = yield* controls.claimable(device.id, undefined)
   const a = yield* store
     .claim({ deviceId: device.id, slot: req.slot, now, config: document, ...(sources === undefined ? {} : { sources }), ...(notAfter === undefined ? {} : { notAfter }) })
     .pipe(Effect.catchTags({ ClaimRejected: (e) => Effect.fail(fromClaimRejected(e)), StoreError: (e) => Effect.fail(fromStoreError(e)) }))
