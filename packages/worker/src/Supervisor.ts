@@ -11,6 +11,7 @@ import * as Containment from "./Containment.js"
 import * as DeviceClock from "./DeviceClock.js"
 import * as ExecutionUnit from "./ExecutionUnit.js"
 import * as Damage from "./internal/Damage.js"
+import * as RemoveTree from "./internal/RemoveTree.js"
 import * as LocalState from "./LocalState.js"
 import * as Outbox from "./Outbox.js"
 import * as Permits from "./Permits.js"
@@ -389,8 +390,9 @@ const program = (
     const dropStage = (k: LocalState.Key) =>
       Effect.asVoid(Effect.promise(() => Promise.all([rm(stageFileOf(k), { force: true }), rm(`${stageFileOf(k)}.tmp`, { force: true })])))
     // Work folders are removed off the slot's path (a scanner may leave hundreds of thousands of files
-    // there): renamed away at once, so nothing reuses the path, then deleted in the background. The
-    // name says which controller deletes it; one whose controller died is swept at the next start.
+    // there): renamed away at once, so nothing reuses the path, then deleted in the background, by a
+    // child process, off this event loop (RemoveTree). The name says which controller deletes it; one
+    // whose controller died is swept at the next start.
     const removals = yield* FiberSet.make()
     const trashOf = /^scanfleet-r\d+-.+\.removing-(\d+)$/
     const removeInBackground = (dir: string | null) =>
@@ -399,9 +401,7 @@ const program = (
         : Effect.asVoid(
             FiberSet.run(
               removals,
-              Effect.tryPromise(() => rm(dir, { recursive: true, force: true })).pipe(
-                Effect.catchAll((e) => emit({ type: "error", message: `could not remove the work folder ${dir}: ${e.error instanceof Error ? e.error.message : String(e.error)}` }))
-              )
+              RemoveTree.removeTree(dir).pipe(Effect.catchAll((e) => emit({ type: "error", message: `could not remove the work folder ${dir}: ${e.message}` })))
             )
           )
     /** Renames a work folder out of the way; the path to remove (null when there is none). */
