@@ -36,7 +36,7 @@ describe("sqlite write-ahead log", () => {
       const drops = sizes.filter((s, i) => i > 0 && s < sizes[i - 1]).length
       // Each job commits its pages twice (about 60 kB of log): kept, 10,000 of them would be
       // 600 MB. Started over (and cut back) within 10 ms of passing its limit, the log holds
-      // that limit and what commits while the checkpoint catches up (about 55 MB in all here,
+      // that limit and what commits while the checkpoint catches up (about 75 MB in all here,
       // 140 MB when the thread looked only every quarter second).
       expect(jobs).toBe(10_000)
       expect(drops).toBeGreaterThanOrEqual(1)

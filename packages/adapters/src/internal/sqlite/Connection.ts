@@ -384,8 +384,15 @@ const checkpointerSource = `
   }, workerData.watchMs)
   parentPort.once("message", () => { clearInterval(timer); checkpoint(); db.close(); parentPort.close() })`
 
-/** Frames the log may hold before a checkpoint starts it over (32 MB at 4 KB pages): at 1,000 (4 MB, SQLite's automatic checkpoint) the writers' waits for it cost about 15 % of a claim loop's rate, at 8,000 about 5 %. */
-export const walLimitFrames = 8000
+/**
+ * Frames the log may hold before a checkpoint starts it over (48 MB at 4 KB pages). At 1,000
+ * (4 MB, SQLite's automatic checkpoint) the writers' waits for it cost about 15 % of a claim
+ * loop's rate, at 8,000 (32 MB) about 9 % once the thread started the log over within 10 ms of
+ * the limit (`npm run bench -- --only 7`, two runs each); at 12,000 the loop runs as fast as when
+ * the thread only looked every quarter second (and let the log reach 140 MB), and the log peaks
+ * at about 75 MB under constant writes.
+ */
+export const walLimitFrames = 12000
 
 /**
  * Moves WAL checkpoints off the event loop: SQLite's automatic checkpoint runs inside
