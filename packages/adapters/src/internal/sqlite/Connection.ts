@@ -364,22 +364,27 @@ const checkpointerSource = `
       return false
     }
   }
-  const over = () => {
+  const size = () => {
     try {
-      return statSync(workerData.filename + "-wal").size > limitBytes
+      return statSync(workerData.filename + "-wal").size
     } catch {
-      return false
+      return 0
     }
   }
-  // When the last checkpoint ran, and whether it left the log within its limit: one that did
-  // not waits for the next turn, so that a reader elsewhere holds writers off at most restartWaitMs a turn.
+  // When the last checkpoint ran, whether it left the log within its limit (one that did not
+  // waits for the next turn, so that a reader elsewhere holds writers off at most restartWaitMs a
+  // turn), and the file's size then: a log started over keeps its file's size until the next
+  // commit cuts it back, so an idle store's file over the limit calls for no checkpoint.
   let last = performance.now()
   let within = true
+  let checked = size()
   const timer = setInterval(() => {
     const now = performance.now()
-    if (now - last >= workerData.intervalMs || (within && over())) {
+    const bytes = now - last >= workerData.intervalMs ? -1 : size()
+    if (bytes === -1 || (within && bytes > limitBytes && bytes !== checked)) {
       within = checkpoint()
       last = performance.now()
+      checked = size()
     }
   }, workerData.watchMs)
   parentPort.once("message", () => { clearInterval(timer); checkpoint(); db.close(); parentPort.close() })`
